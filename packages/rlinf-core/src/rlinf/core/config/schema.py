@@ -1,0 +1,84 @@
+"""Config sections that rlinf-core owns: the base model, ``runner`` and ``runner.logger``.
+
+Every package contributes its own sections by subclassing these models (for
+example an embodied ``RunnerConfig`` adds ``task_type``) and registering its
+top-level schema under the ``rlinf.config_schemas`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LoggerBackend = Literal["tensorboard", "wandb", "swanlab"]
+
+
+def _default_backends() -> list[LoggerBackend]:
+    return ["tensorboard"]
+
+
+class RLinfModel(BaseModel):
+    """Base of every config section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class LoggerConfig(RLinfModel):
+    """Where metrics and logs go (``runner.logger``)."""
+
+    log_path: Path = Field(
+        Path("logs"), description="Root folder for logs, metrics and checkpoints."
+    )
+    project_name: str = Field("rlinf", min_length=1, description="Project name for wandb/swanlab.")
+    experiment_name: str = Field(
+        "default", min_length=1, description="Run name; outputs go to log_path/experiment_name."
+    )
+    logger_backends: list[LoggerBackend] = Field(
+        default_factory=_default_backends,
+        description="Metric sinks: any of tensorboard, wandb, swanlab.",
+    )
+
+    @property
+    def experiment_dir(self) -> Path:
+        """``log_path/experiment_name``: the root of everything this run writes."""
+        return self.log_path / self.experiment_name
+
+
+class RunnerConfig(RLinfModel):
+    """The training loop's schedule (``runner``)."""
+
+    max_epochs: int = Field(1, ge=1, description="Passes over the data (embodied: training steps).")
+    max_steps: int = Field(-1, ge=-1, description="Cap on global steps; -1 means no cap.")
+    seed: int = Field(1234, ge=0, description="Global seed for python, numpy and torch.")
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)  # type: ignore[arg-type]
+    save_interval: int = Field(-1, ge=-1, description="Checkpoint every k steps; -1 disables.")
+    val_check_interval: int = Field(-1, ge=-1, description="Evaluate every k steps; -1 disables.")
+    resume_dir: Path | Literal["auto"] | None = Field(
+        None, description="Checkpoint folder to resume from, 'auto' for the latest, or null."
+    )
+
+    @model_validator(mode="after")
+    def _check_intervals(self) -> RunnerConfig:
+        for key in ("max_steps", "save_interval", "val_check_interval"):
+            if getattr(self, key) == 0:
+                raise ValueError(
+                    f"runner.{key}=0 is not allowed: "
+                    "use a positive number of steps, or -1 to disable"
+                )
+        save, val = self.save_interval, self.val_check_interval
+        if save > 0 and val > 0 and save % val != 0:
+            raise ValueError(
+                f"runner.save_interval ({save}) must be a multiple of "
+                f"runner.val_check_interval ({val}) so that every "
+                "checkpoint has eval metrics; "
+                f"e.g. set save_interval={val * max(1, round(save / val))}"
+            )
+        return self
+
+
+class CoreConfig(RLinfModel):
+    """Top-level schema of rlinf-core: just ``runner``. Packages extend it with their sections."""
+
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)  # type: ignore[arg-type]

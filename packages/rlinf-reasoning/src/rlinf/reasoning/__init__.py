@@ -1,0 +1,14 @@
+"""RLinf reasoning RL: math data, rollout engines, rewards, actor and the ReasoningRunner.
+
+The reasoning stack lands with its own issue; this release ships the package
+skeleton and version only.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("rlinf-reasoning")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["__version__"]

@@ -1,0 +1,18 @@
+import importlib.metadata
+
+import rlinf.sched
+
+
+def test_version_matches_distribution_metadata() -> None:
+    assert rlinf.sched.__version__ == importlib.metadata.version("rlinf-sched")
+
+
+def test_depends_only_on_lower_layers() -> None:
+    requires = importlib.metadata.requires("rlinf-sched") or []
+    rlinf_deps = {
+        r.split(">")[0].split("=")[0].split("<")[0].strip()
+        for r in requires
+        if r.startswith("rlinf-")
+    }
+    allowed = {"rlinf-core", "rlinf-sched"} - {"rlinf-sched"}
+    assert rlinf_deps <= allowed, rlinf_deps
