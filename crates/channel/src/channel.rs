@@ -1,0 +1,1467 @@
+//! The shared-memory channel: keyed FIFO lanes of descriptors over a block arena.
+//!
+//! Concurrency model (see the crate README for the reasoning):
+//! - Short metadata sections (reserve a slot and a block, take a slot, free a
+//!   block, create a lane) run under one process-shared **robust** mutex. If a
+//!   holder dies, the next locker is told so and runs [`Inner::repair_locked`],
+//!   which rebuilds every derived structure from the primary state. Every
+//!   section is ordered so that it has a single commit store.
+//! - Payload copies run outside the lock: a producer reserves a slot
+//!   (`RESERVED`) and a block (`WRITING`), copies, then publishes with one
+//!   atomic store (`READY`). A producer killed in between leaves a `RESERVED`
+//!   slot whose block owner is dead; the next liveness pass turns it into a
+//!   `TOMBSTONE` that consumers skip, so nothing torn is ever delivered.
+//! - Consumers lease blocks (`LEASED`, owner = their pid); a lease ends when
+//!   its last [`Lease`] handle drops, or when a liveness pass finds the owner
+//!   dead.
+//! - Waiting: optional brief spin, then a shared futex with a waiter count,
+//!   always in slices of at most [`WAIT_SLICE`], after which closed flags,
+//!   deadlines and peer liveness are re-checked.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::time::{Duration, Instant};
+
+use crate::layout::{
+    BlockMeta, Geometry, Header, KEY_MAX, LAYOUT_VERSION, Lane, MAGIC, NONE, NUM_CLASSES, Slot,
+    WaitWord, block_state, class_for, class_size, slot_state,
+};
+use crate::naming::{NameError, segment_name};
+use crate::sys;
+
+/// Longest time one futex sleep lasts before conditions are re-checked.
+pub const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// Longest time we wait for the channel mutex.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a spinning waiter polls before sleeping (only when spinning pays off).
+const SPIN: Duration = Duration::from_micros(20);
+/// Segments younger than this are never removed by the janitor (creation race).
+const JANITOR_GRACE: Duration = Duration::from_secs(5);
+/// Message block magic.
+const MSG_MAGIC: u32 = u32::from_le_bytes(*b"RLMS");
+/// Alignment of out-of-band buffers inside a block.
+const BUF_ALIGN: u64 = 64;
+/// Upper bounds accepted from a segment header (it is untrusted input).
+const MAX_LANES_LIMIT: u32 = 1 << 16;
+const MAX_CAPACITY_LIMIT: u32 = 1 << 24;
+const MAX_BLOCKS_LIMIT: u32 = 1 << 24;
+
+/// Everything that can go wrong on a channel.
+#[derive(Debug)]
+pub enum ChannelError {
+    /// The channel was closed.
+    Closed,
+    /// Non-blocking put on a full lane (or a full arena).
+    Full,
+    /// Non-blocking get on an empty lane.
+    Empty,
+    /// A blocking call ran past its timeout.
+    Timeout,
+    /// A segment with this name exists already.
+    Exists(String),
+    /// No segment with this name exists.
+    NotFound(String),
+    /// Bad channel or namespace name.
+    Name(NameError),
+    /// Bad argument (message says which and why).
+    Invalid(String),
+    /// The segment failed validation.
+    Corrupt(String),
+    /// An OS call failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChannelError::Closed => write!(f, "channel is closed"),
+            ChannelError::Full => write!(f, "channel lane is full"),
+            ChannelError::Empty => write!(f, "channel lane is empty"),
+            ChannelError::Timeout => write!(f, "timed out waiting on the channel"),
+            ChannelError::Exists(n) => {
+                write!(
+                    f,
+                    "channel segment {n:?} already exists; connect to it instead of creating it"
+                )
+            }
+            ChannelError::NotFound(n) => write!(
+                f,
+                "no channel segment {n:?}: create the channel first (or check its name and namespace)"
+            ),
+            ChannelError::Name(e) => write!(f, "{e}"),
+            ChannelError::Invalid(m) => write!(f, "{m}"),
+            ChannelError::Corrupt(m) => write!(f, "channel segment is corrupt: {m}"),
+            ChannelError::Io(e) => write!(f, "channel I/O error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ChannelError {}
+
+impl From<io::Error> for ChannelError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::TimedOut {
+            ChannelError::Corrupt(e.to_string())
+        } else {
+            ChannelError::Io(e)
+        }
+    }
+}
+
+impl From<NameError> for ChannelError {
+    fn from(e: NameError) -> Self {
+        ChannelError::Name(e)
+    }
+}
+
+/// Result alias for channel operations.
+pub type Result<T> = std::result::Result<T, ChannelError>;
+
+/// Sizes of a new channel.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelOptions {
+    /// Number of distinct keys the channel can hold.
+    pub max_lanes: u32,
+    /// Items per lane (the `maxsize` backpressure bound).
+    pub lane_capacity: u32,
+    /// Most payload blocks alive at once (queued plus leased).
+    pub max_blocks: u32,
+    /// Payload bytes the arena can hold (the bytes backpressure bound).
+    pub arena_bytes: u64,
+    /// Free-form number stored in the header for the caller.
+    pub user_tag: u32,
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        Self {
+            max_lanes: 64,
+            lane_capacity: 4096,
+            max_blocks: 4096,
+            arena_bytes: 1 << 30,
+            user_tag: 0,
+        }
+    }
+}
+
+/// Where a message lives inside its block: the header and each buffer as
+/// `(offset, len)` relative to the block start, all validated against the block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageLayout {
+    /// The serialised header (for Python: the pickle stream).
+    pub header: (usize, usize),
+    /// The out-of-band buffers, each 64-byte aligned.
+    pub buffers: Vec<(usize, usize)>,
+}
+
+/// Total block bytes a message with this header and these buffers needs.
+pub fn message_size(header_len: usize, buffer_lens: &[usize]) -> u64 {
+    let table = 16 + 16 * buffer_lens.len() as u64;
+    let mut off = table.div_ceil(BUF_ALIGN) * BUF_ALIGN + header_len as u64;
+    for &len in buffer_lens {
+        off = off.div_ceil(BUF_ALIGN) * BUF_ALIGN + len as u64;
+    }
+    off.max(1)
+}
+
+/// Writes a message into `dst` (which must be `message_size` bytes long).
+fn write_message(dst: &mut [u8], header: &[u8], buffers: &[&[u8]]) {
+    dst[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+    dst[4..8].copy_from_slice(&(buffers.len() as u32).to_le_bytes());
+    dst[8..16].copy_from_slice(&(header.len() as u64).to_le_bytes());
+    let table = 16 + 16 * buffers.len();
+    let mut off = table.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
+    dst[off..off + header.len()].copy_from_slice(header);
+    off += header.len();
+    for (i, buf) in buffers.iter().enumerate() {
+        off = off.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
+        let entry = 16 + 16 * i;
+        dst[entry..entry + 8].copy_from_slice(&(off as u64).to_le_bytes());
+        dst[entry + 8..entry + 16].copy_from_slice(&(buf.len() as u64).to_le_bytes());
+        dst[off..off + buf.len()].copy_from_slice(buf);
+        off += buf.len();
+    }
+}
+
+fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn read_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Parses and bounds-checks a message block (its bytes are untrusted).
+pub fn parse_message(block: &[u8]) -> Result<MessageLayout> {
+    let bad = |what: &str| ChannelError::Corrupt(format!("message block: {what}"));
+    if read_u32(block, 0) != Some(MSG_MAGIC) {
+        return Err(bad("bad magic"));
+    }
+    let n = read_u32(block, 4).ok_or_else(|| bad("truncated"))? as usize;
+    let header_len = read_u64(block, 8).ok_or_else(|| bad("truncated"))?;
+    let table = 16usize
+        .checked_add(n.checked_mul(16).ok_or_else(|| bad("buffer count"))?)
+        .ok_or_else(|| bad("buffer count"))?;
+    if table > block.len() {
+        return Err(bad("buffer table past the block end"));
+    }
+    let header_off = table.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
+    let header_len = usize::try_from(header_len).map_err(|_| bad("header length"))?;
+    if header_off
+        .checked_add(header_len)
+        .is_none_or(|end| end > block.len())
+    {
+        return Err(bad("header past the block end"));
+    }
+    let mut buffers = Vec::with_capacity(n);
+    for i in 0..n {
+        let off = read_u64(block, 16 + 16 * i).ok_or_else(|| bad("truncated"))?;
+        let len = read_u64(block, 24 + 16 * i).ok_or_else(|| bad("truncated"))?;
+        let (off, len) = (
+            usize::try_from(off).map_err(|_| bad("offset"))?,
+            usize::try_from(len).map_err(|_| bad("length"))?,
+        );
+        if off.checked_add(len).is_none_or(|end| end > block.len()) {
+            return Err(bad("buffer past the block end"));
+        }
+        buffers.push((off, len));
+    }
+    Ok(MessageLayout {
+        header: (header_off, header_len),
+        buffers,
+    })
+}
+
+/// FNV-1a, a stable hash for lane keys (Python's `hash` differs per process).
+fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// State shared by a channel handle and every lease taken through it.
+pub struct Inner {
+    seg_name: String,
+    fd: OwnedFd,
+    map: sys::Mapping,
+    geo: Geometry,
+    spin: bool,
+}
+
+/// A handle on a channel segment. Cloning shares the mapping.
+#[derive(Clone)]
+pub struct Channel {
+    inner: Arc<Inner>,
+}
+
+/// A block taken by a consumer. Dropping the last clone frees the block.
+pub struct Lease {
+    inner: Arc<Inner>,
+    block: u32,
+    generation: u32,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a lease only points into the shared mapping, which its `Arc<Inner>`
+// keeps alive; the block is owned by this lease until it drops.
+unsafe impl Send for Lease {}
+// SAFETY: as above; the bytes are only read through shared slices.
+unsafe impl Sync for Lease {}
+
+impl Lease {
+    /// The message bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies inside the mapping (validated when the
+        // block was taken) and the mapping lives as long as `inner`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Start address of the message bytes (for zero-copy views).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Message length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty (never for a well-formed message).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.inner.release(self.block, self.generation);
+    }
+}
+
+/// What one attempt of a blocking operation produced.
+enum Attempt<T> {
+    Done(T),
+    /// Sleep on the wait word at this index of the caller's list, then retry.
+    Wait(usize),
+}
+
+/// Counters for introspection and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Carved blocks.
+    pub blocks: u32,
+    /// Blocks on free lists.
+    pub free_blocks: u32,
+    /// Blocks leased to consumers.
+    pub leased_blocks: u32,
+    /// Blocks queued in lanes.
+    pub queued_blocks: u32,
+    /// Blocks being written.
+    pub writing_blocks: u32,
+    /// Lanes in use.
+    pub lanes: u32,
+    /// Arena bytes carved into blocks.
+    pub arena_used: u64,
+    /// Arena size.
+    pub arena_size: u64,
+}
+
+struct Guard<'a> {
+    inner: &'a Inner,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a Guard exists only while this thread holds the mutex.
+        unsafe { sys::mutex_unlock(self.inner.header().mutex.0.get()) }
+    }
+}
+
+impl Inner {
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is at least one page (checked on create and
+        // attach), page aligned, and Header consists of atomics and the mutex.
+        unsafe { &*(self.map.base() as *const Header) }
+    }
+
+    fn lane(&self, i: u32) -> &Lane {
+        debug_assert!(i < self.geo.max_lanes);
+        let off = self.geo.lanes_off as usize + i as usize * size_of::<Lane>();
+        // SAFETY: i < max_lanes (callers check), and the lanes table lies
+        // inside the mapping by the validated geometry; Lane is all atomics.
+        unsafe { &*(self.map.base().add(off) as *const Lane) }
+    }
+
+    fn slot(&self, lane: u32, pos: u64) -> &Slot {
+        let cap = self.geo.lane_capacity as u64;
+        let idx = lane as u64 * cap + pos % cap;
+        let off = self.geo.slots_off as usize + idx as usize * size_of::<Slot>();
+        // SAFETY: lane < max_lanes and pos % cap < cap, so the slot lies inside
+        // the rings table of the validated geometry; Slot is all atomics.
+        unsafe { &*(self.map.base().add(off) as *const Slot) }
+    }
+
+    fn meta(&self, b: u32) -> &BlockMeta {
+        debug_assert!(b < self.geo.max_blocks);
+        let off = self.geo.blocks_off as usize + b as usize * size_of::<BlockMeta>();
+        // SAFETY: b < max_blocks (callers check), inside the validated block
+        // table; BlockMeta is all atomics.
+        unsafe { &*(self.map.base().add(off) as *const BlockMeta) }
+    }
+
+    /// Bounds of block `b` in the mapping, validated (its metadata is untrusted).
+    fn block_range(&self, b: u32) -> Result<(usize, usize)> {
+        if b >= self.geo.max_blocks {
+            return Err(ChannelError::Corrupt(format!(
+                "block index {b} out of range"
+            )));
+        }
+        let m = self.meta(b);
+        let (off, cap) = (m.off.load(Relaxed), m.cap.load(Relaxed));
+        match off.checked_add(cap) {
+            Some(end) if end <= self.geo.arena_size => {
+                Ok(((self.geo.arena_off + off) as usize, cap as usize))
+            }
+            _ => Err(ChannelError::Corrupt(format!(
+                "block {b} lies outside the arena"
+            ))),
+        }
+    }
+
+    fn map_len(&self) -> usize {
+        self.geo.total_size as usize
+    }
+
+    fn lock(&self) -> Result<Guard<'_>> {
+        // SAFETY: the mutex was initialised by the creator before the magic
+        // was published, and attach validated the magic.
+        let state = unsafe { sys::mutex_lock(self.header().mutex.0.get(), LOCK_TIMEOUT)? };
+        let guard = Guard { inner: self };
+        if state == sys::LockState::OwnerDied {
+            self.repair_locked();
+        }
+        Ok(guard)
+    }
+
+    fn closed(&self) -> bool {
+        self.header().closed.load(Acquire) != 0
+    }
+
+    fn notify(&self, w: &WaitWord) {
+        w.seq.fetch_add(1, SeqCst);
+        if w.waiters.load(SeqCst) > 0 {
+            sys::futex_wake_all(&w.seq);
+        }
+    }
+
+    /// Runs `attempt` until it is done, sleeping on `words[i]` when it says so.
+    fn wait_loop<T>(
+        &self,
+        words: &[&WaitWord],
+        deadline: Option<Instant>,
+        nonblocking_error: Option<ChannelError>,
+        mut attempt: impl FnMut(&Self) -> Result<Attempt<T>>,
+    ) -> Result<T> {
+        let mut nonblocking_error = nonblocking_error;
+        loop {
+            for w in words {
+                w.waiters.fetch_add(1, SeqCst);
+            }
+            let seqs: Vec<u32> = words.iter().map(|w| w.seq.load(SeqCst)).collect();
+            let outcome = attempt(self);
+            let which = match outcome {
+                Ok(Attempt::Wait(i)) => i,
+                other => {
+                    for w in words {
+                        w.waiters.fetch_sub(1, SeqCst);
+                    }
+                    return other.map(|a| match a {
+                        Attempt::Done(v) => v,
+                        Attempt::Wait(_) => unreachable!(),
+                    });
+                }
+            };
+            let now = Instant::now();
+            let expired = deadline.is_some_and(|d| now >= d);
+            if let Some(err) = nonblocking_error.take() {
+                for w in words {
+                    w.waiters.fetch_sub(1, SeqCst);
+                }
+                return Err(err);
+            }
+            if expired {
+                for w in words {
+                    w.waiters.fetch_sub(1, SeqCst);
+                }
+                return Err(ChannelError::Timeout);
+            }
+            let slice = deadline.map_or(WAIT_SLICE, |d| (d - now).min(WAIT_SLICE));
+            let word = words[which];
+            let mut woke = false;
+            if self.spin {
+                let spin_until = Instant::now() + SPIN;
+                while Instant::now() < spin_until {
+                    if word.seq.load(Acquire) != seqs[which] {
+                        woke = true;
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            if !woke {
+                let started = Instant::now();
+                sys::futex_wait(&word.seq, seqs[which], slice);
+                woke = started.elapsed() < slice;
+            }
+            for w in words {
+                w.waiters.fetch_sub(1, SeqCst);
+            }
+            if !woke {
+                // A full slice passed with no event: a peer may have died.
+                self.reclaim_dead()?;
+            }
+        }
+    }
+
+    /// Pops a free block of class `c`, marking it written by us.
+    fn pop_free_locked(&self, c: usize) -> Option<u32> {
+        let h = self.header();
+        let b = h.free_heads[c].load(Relaxed);
+        if b == NONE {
+            return None;
+        }
+        if b >= h.n_blocks.load(Relaxed).min(self.geo.max_blocks) {
+            // Corrupt list: drop it; a repair rebuilds lists from block states.
+            h.free_heads[c].store(NONE, Relaxed);
+            return None;
+        }
+        let m = self.meta(b);
+        let next = m.next_free.load(Relaxed);
+        self.claim_locked(b);
+        h.free_heads[c].store(next, Relaxed);
+        Some(b)
+    }
+
+    fn claim_locked(&self, b: u32) {
+        let (pid, start) = sys::self_identity();
+        let m = self.meta(b);
+        m.generation
+            .store(m.generation.load(Relaxed).wrapping_add(1), Relaxed);
+        m.owner_pid.store(pid, Relaxed);
+        m.owner_start.store(start, Relaxed);
+        m.state.store(block_state::WRITING, Release);
+    }
+
+    /// Allocates a block of at least `size` bytes. Returns `(block, fresh)`;
+    /// fresh blocks were just carved and are not yet faulted in.
+    fn alloc_locked(&self, size: u64) -> Option<(u32, bool)> {
+        let h = self.header();
+        let c = class_for(size)?;
+        if let Some(b) = self.pop_free_locked(c) {
+            return Some((b, false));
+        }
+        let n = h.n_blocks.load(Relaxed);
+        let bump = h.arena_bump.load(Relaxed);
+        let cap = class_size(c);
+        if n < self.geo.max_blocks
+            && bump
+                .checked_add(cap)
+                .is_some_and(|end| end <= self.geo.arena_size)
+        {
+            let m = self.meta(n);
+            m.off.store(bump, Relaxed);
+            m.cap.store(cap, Relaxed);
+            m.class.store(c as u32, Relaxed);
+            m.next_free.store(NONE, Relaxed);
+            self.claim_locked(n);
+            h.n_blocks.store(n + 1, Release); // commit
+            h.arena_bump.store(bump + cap, Relaxed);
+            return Some((n, true));
+        }
+        // Borrow from larger classes, wasting at most 2x.
+        for c2 in (c + 1)..(c + 5).min(NUM_CLASSES) {
+            if let Some(b) = self.pop_free_locked(c2) {
+                return Some((b, false));
+            }
+        }
+        // Everything carved is free: reset the carving so any size fits again.
+        if n > 0 && (0..n).all(|b| self.meta(b).state.load(Relaxed) == block_state::FREE) {
+            for f in &h.free_heads {
+                f.store(NONE, Relaxed);
+            }
+            h.n_blocks.store(0, Release);
+            h.arena_bump.store(0, Relaxed);
+            return self.alloc_locked(size);
+        }
+        None
+    }
+
+    fn free_locked(&self, b: u32) {
+        let h = self.header();
+        let m = self.meta(b);
+        let c = (m.class.load(Relaxed) as usize).min(NUM_CLASSES - 1);
+        m.owner_pid.store(0, Relaxed);
+        m.state.store(block_state::FREE, Release);
+        m.next_free.store(h.free_heads[c].load(Relaxed), Relaxed);
+        h.free_heads[c].store(b, Relaxed); // commit
+    }
+
+    /// Frees blocks held by dead processes and tombstones their reserved slots.
+    /// Returns the number of blocks reclaimed.
+    fn reclaim_dead(&self) -> Result<usize> {
+        let _g = self.lock()?;
+        let n = self.reclaim_dead_locked();
+        drop(_g);
+        if n > 0 {
+            self.notify_all_words();
+        }
+        Ok(n)
+    }
+
+    fn notify_all_words(&self) {
+        let h = self.header();
+        self.notify(&h.space);
+        for l in 0..self.geo.max_lanes {
+            let lane = self.lane(l);
+            if lane.in_use.load(Acquire) != 0 {
+                self.notify(&lane.not_empty);
+                self.notify(&lane.not_full);
+            }
+        }
+    }
+
+    fn reclaim_dead_locked(&self) -> usize {
+        let h = self.header();
+        let n = h.n_blocks.load(Relaxed).min(self.geo.max_blocks);
+        let mut alive: HashMap<(u32, u64), bool> = HashMap::new();
+        let mut reclaimed = 0;
+        for b in 0..n {
+            let m = self.meta(b);
+            let st = m.state.load(Acquire);
+            if st != block_state::WRITING && st != block_state::LEASED {
+                continue;
+            }
+            let who = (m.owner_pid.load(Relaxed), m.owner_start.load(Relaxed));
+            if who.0 == 0 {
+                continue;
+            }
+            if *alive
+                .entry(who)
+                .or_insert_with(|| sys::process_alive(who.0, who.1))
+            {
+                continue;
+            }
+            if st == block_state::WRITING {
+                // Find the reserved slot pointing at it (if any) and tombstone it.
+                if let Some(published) =
+                    self.tombstone_reservation_locked(b, m.generation.load(Relaxed))
+                {
+                    if published {
+                        // Published just before death: it is a queued item, keep it.
+                        m.state.store(block_state::QUEUED, Release);
+                        continue;
+                    }
+                }
+            }
+            self.free_locked(b);
+            reclaimed += 1;
+        }
+        reclaimed
+    }
+
+    /// Tombstones the `RESERVED` slot referencing block `b`; returns
+    /// `Some(true)` if the slot turned out to be `READY`, `Some(false)` if it
+    /// was tombstoned, `None` if no slot references it.
+    fn tombstone_reservation_locked(&self, b: u32, generation: u32) -> Option<bool> {
+        for l in 0..self.geo.max_lanes {
+            let lane = self.lane(l);
+            if lane.in_use.load(Acquire) == 0 {
+                continue;
+            }
+            let (head, tail) = (lane.head.load(Acquire), lane.tail.load(Acquire));
+            for pos in head..tail.min(head + self.geo.lane_capacity as u64) {
+                let s = self.slot(l, pos);
+                if s.block.load(Relaxed) == b && s.generation.load(Relaxed) == generation {
+                    let st = s.state.load(Acquire);
+                    if st == slot_state::READY {
+                        return Some(true);
+                    }
+                    if st == slot_state::RESERVED {
+                        s.state.store(slot_state::TOMBSTONE, Release);
+                        return Some(false);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Rebuilds derived state after a lock holder died mid-section.
+    fn repair_locked(&self) {
+        let h = self.header();
+        let max_blocks = self.geo.max_blocks;
+        let n = h.n_blocks.load(Relaxed).min(max_blocks);
+        h.n_blocks.store(n, Relaxed);
+        // 1. Lane positions and the blocks their live slots reference.
+        let mut referenced = vec![0u32; n as usize];
+        for l in 0..self.geo.max_lanes {
+            let lane = self.lane(l);
+            if lane.in_use.load(Acquire) == 0 {
+                continue;
+            }
+            let (head, mut tail) = (lane.head.load(Relaxed), lane.tail.load(Relaxed));
+            if tail < head || tail - head > self.geo.lane_capacity as u64 {
+                tail = head;
+                lane.tail.store(tail, Relaxed);
+            }
+            for pos in head..tail {
+                let s = self.slot(l, pos);
+                let st = s.state.load(Relaxed);
+                let b = s.block.load(Relaxed);
+                let valid =
+                    b < n && s.generation.load(Relaxed) == self.meta(b).generation.load(Relaxed);
+                match st {
+                    slot_state::READY | slot_state::RESERVED if valid => {
+                        referenced[b as usize] = st
+                    }
+                    slot_state::TOMBSTONE => {}
+                    _ => s.state.store(slot_state::TOMBSTONE, Relaxed),
+                }
+            }
+        }
+        // 2. Block states from references and owner liveness.
+        let mut max_end = 0u64;
+        for b in 0..n {
+            let m = self.meta(b);
+            let end = m.off.load(Relaxed).saturating_add(m.cap.load(Relaxed));
+            if end > self.geo.arena_size || (m.class.load(Relaxed) as usize) >= NUM_CLASSES {
+                // Unusable metadata: forget this block and everything after it.
+                h.n_blocks.store(b, Relaxed);
+                break;
+            }
+            max_end = max_end.max(end);
+            let who = (m.owner_pid.load(Relaxed), m.owner_start.load(Relaxed));
+            let owner_alive = who.0 != 0 && sys::process_alive(who.0, who.1);
+            match referenced[b as usize] {
+                slot_state::READY => m.state.store(block_state::QUEUED, Relaxed),
+                slot_state::RESERVED if owner_alive => m.state.store(block_state::WRITING, Relaxed),
+                slot_state::RESERVED => {
+                    self.tombstone_reservation_locked(b, m.generation.load(Relaxed));
+                    m.state.store(block_state::FREE, Relaxed);
+                }
+                _ => {
+                    let st = m.state.load(Relaxed);
+                    let keep =
+                        (st == block_state::LEASED || st == block_state::WRITING) && owner_alive;
+                    if !keep {
+                        m.state.store(block_state::FREE, Relaxed);
+                    }
+                }
+            }
+        }
+        h.arena_bump.store(max_end, Relaxed);
+        // 3. Free lists from block states.
+        for f in &h.free_heads {
+            f.store(NONE, Relaxed);
+        }
+        for b in 0..h.n_blocks.load(Relaxed) {
+            if self.meta(b).state.load(Relaxed) == block_state::FREE {
+                self.free_locked(b);
+            }
+        }
+    }
+
+    /// Ends a lease: frees the block if we still own it.
+    fn release(&self, b: u32, generation: u32) {
+        let Ok(g) = self.lock() else { return };
+        let m = self.meta(b);
+        let freed = m.generation.load(Relaxed) == generation
+            && m.state.load(Relaxed) == block_state::LEASED
+            && m.owner_pid.load(Relaxed) == sys::self_identity().0;
+        if freed {
+            self.free_locked(b);
+        }
+        drop(g);
+        if freed {
+            self.notify(&self.header().space);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last process to let go removes the name, so nothing leaks.
+        if let Ok(true) = sys::try_lock_exclusive(&self.fd) {
+            let _ = sys::shm_unlink(&self.seg_name);
+        }
+    }
+}
+
+impl Channel {
+    /// Creates a new channel segment `rlinf.<namespace>.<name>`.
+    ///
+    /// # Errors
+    /// [`ChannelError::Exists`] if the segment exists, [`ChannelError::Invalid`]
+    /// for bad sizes or too little space in `/dev/shm`, or an OS error.
+    pub fn create(namespace: &str, name: &str, opts: ChannelOptions) -> Result<Self> {
+        let seg_name = segment_name(namespace, name)?;
+        let check = |ok: bool, what: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ChannelError::Invalid(what.to_owned()))
+            }
+        };
+        check(
+            (1..=MAX_LANES_LIMIT).contains(&opts.max_lanes),
+            &format!(
+                "max_keys must be in 1..={MAX_LANES_LIMIT}, got {}",
+                opts.max_lanes
+            ),
+        )?;
+        check(
+            (1..=MAX_CAPACITY_LIMIT).contains(&opts.lane_capacity),
+            &format!(
+                "maxsize must be in 0..={MAX_CAPACITY_LIMIT}, got {}",
+                opts.lane_capacity
+            ),
+        )?;
+        check(
+            (1..=MAX_BLOCKS_LIMIT).contains(&opts.max_blocks),
+            &format!(
+                "max_items must be in 1..={MAX_BLOCKS_LIMIT}, got {}",
+                opts.max_blocks
+            ),
+        )?;
+        check(
+            opts.arena_bytes >= 1 << 16,
+            &format!(
+                "capacity_bytes must be at least 65536, got {}",
+                opts.arena_bytes
+            ),
+        )?;
+        let geo = Geometry::new(
+            opts.max_lanes,
+            opts.lane_capacity,
+            opts.max_blocks,
+            opts.arena_bytes,
+        )
+        .ok_or_else(|| ChannelError::Invalid("channel sizes overflow".into()))?;
+        let free = sys::shm_free_bytes()?;
+        if geo.total_size > free {
+            return Err(ChannelError::Invalid(format!(
+                "channel needs {} bytes of /dev/shm but only {free} are free; pass a smaller \
+                 capacity_bytes or enlarge /dev/shm (e.g. docker --shm-size)",
+                geo.total_size
+            )));
+        }
+        let fd = sys::shm_create(&seg_name, geo.total_size).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                ChannelError::Exists(seg_name.clone())
+            } else {
+                ChannelError::Io(e)
+            }
+        })?;
+        sys::lock_shared(&fd)?;
+        let map = sys::Mapping::new(&fd, geo.total_size)?;
+        let inner = Inner {
+            seg_name,
+            fd,
+            map,
+            geo,
+            spin: sys::spinning_pays_off(),
+        };
+        let h = inner.header();
+        h.layout_version.store(LAYOUT_VERSION, Relaxed);
+        h.header_size.store(size_of::<Header>() as u32, Relaxed);
+        h.total_size.store(geo.total_size, Relaxed);
+        h.max_lanes.store(geo.max_lanes, Relaxed);
+        h.lane_capacity.store(geo.lane_capacity, Relaxed);
+        h.max_blocks.store(geo.max_blocks, Relaxed);
+        h.creator_pid.store(std::process::id(), Relaxed);
+        h.lanes_off.store(geo.lanes_off, Relaxed);
+        h.slots_off.store(geo.slots_off, Relaxed);
+        h.blocks_off.store(geo.blocks_off, Relaxed);
+        h.arena_off.store(geo.arena_off, Relaxed);
+        h.arena_size.store(geo.arena_size, Relaxed);
+        h.user_tag.store(opts.user_tag, Relaxed);
+        for f in &h.free_heads {
+            f.store(NONE, Relaxed);
+        }
+        // SAFETY: the segment was just created with O_EXCL and its magic is
+        // not published yet, so no other process can be using the mutex.
+        unsafe { sys::mutex_init(h.mutex.0.get())? };
+        h.magic.store(MAGIC, Release); // publish: attachers may proceed
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Attaches to an existing channel segment, validating its header.
+    ///
+    /// # Errors
+    /// [`ChannelError::NotFound`] if there is no such segment,
+    /// [`ChannelError::Corrupt`] if its header fails validation.
+    pub fn attach(namespace: &str, name: &str) -> Result<Self> {
+        let seg_name = segment_name(namespace, name)?;
+        let fd = sys::shm_open_existing(&seg_name).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                ChannelError::NotFound(seg_name.clone())
+            } else {
+                ChannelError::Io(e)
+            }
+        })?;
+        sys::lock_shared(&fd)?;
+        // The creator may still be sizing or initialising the segment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let size = sys::file_size(&fd)?;
+            if size >= size_of::<Header>() as u64 {
+                let map = sys::Mapping::new(&fd, size)?;
+                // SAFETY: the mapping is at least one header long and page
+                // aligned; Header consists of atomics and the mutex cell.
+                let header = unsafe { &*(map.base() as *const Header) };
+                match header.magic.load(Acquire) {
+                    MAGIC => {
+                        let geo = validate_header(header, size)?;
+                        let inner = Inner {
+                            seg_name,
+                            fd,
+                            map,
+                            geo,
+                            spin: sys::spinning_pays_off(),
+                        };
+                        return Ok(Self {
+                            inner: Arc::new(inner),
+                        });
+                    }
+                    0 => {} // not initialised yet
+                    other => return Err(ChannelError::Corrupt(format!("bad magic {other:#x}"))),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ChannelError::Corrupt(format!(
+                    "segment {seg_name:?} was never initialised (creator died during creation?)"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The shared-memory segment name (`rlinf.<namespace>.<name>`).
+    pub fn segment_name(&self) -> &str {
+        &self.inner.seg_name
+    }
+
+    /// The number stored by the creator in [`ChannelOptions::user_tag`].
+    pub fn user_tag(&self) -> u32 {
+        self.inner.header().user_tag.load(Relaxed)
+    }
+
+    /// Items per lane.
+    pub fn lane_capacity(&self) -> u32 {
+        self.inner.geo.lane_capacity
+    }
+
+    /// Arena size in bytes.
+    pub fn arena_size(&self) -> u64 {
+        self.inner.geo.arena_size
+    }
+
+    /// Returns the lane for `key`, creating it on first use.
+    ///
+    /// # Errors
+    /// [`ChannelError::Invalid`] if the key is too long or every lane is taken.
+    pub fn lane(&self, key: &[u8]) -> Result<u32> {
+        if key.len() > KEY_MAX {
+            return Err(ChannelError::Invalid(format!(
+                "key is {} bytes once encoded, over the limit of {KEY_MAX}; use a shorter key",
+                key.len()
+            )));
+        }
+        let hash = key_hash(key);
+        let inner = &*self.inner;
+        let find = || {
+            (0..inner.geo.max_lanes).find(|&l| {
+                let lane = inner.lane(l);
+                lane.in_use.load(Acquire) != 0
+                    && lane.key_hash.load(Relaxed) == hash
+                    && lane.key_len.load(Relaxed) as usize == key.len()
+                    && lane_key(lane) == key
+            })
+        };
+        if let Some(l) = find() {
+            return Ok(l);
+        }
+        let _g = inner.lock()?;
+        if let Some(l) = find() {
+            return Ok(l);
+        }
+        let free = (0..inner.geo.max_lanes).find(|&l| inner.lane(l).in_use.load(Acquire) == 0);
+        let Some(l) = free else {
+            return Err(ChannelError::Invalid(format!(
+                "all {} keys of this channel are in use; create it with a larger max_keys",
+                inner.geo.max_lanes
+            )));
+        };
+        let lane = inner.lane(l);
+        let mut padded = [0u8; KEY_MAX];
+        padded[..key.len()].copy_from_slice(key);
+        for (i, w) in lane.key.iter().enumerate() {
+            w.store(
+                u64::from_le_bytes(padded[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8])),
+                Relaxed,
+            );
+        }
+        lane.key_len.store(key.len() as u32, Relaxed);
+        lane.key_hash.store(hash, Relaxed);
+        lane.head.store(0, Relaxed);
+        lane.tail.store(0, Relaxed);
+        lane.in_use.store(1, Release); // commit
+        Ok(l)
+    }
+
+    fn check_lane(&self, lane: u32) -> Result<&Lane> {
+        if lane >= self.inner.geo.max_lanes || self.inner.lane(lane).in_use.load(Acquire) == 0 {
+            return Err(ChannelError::Invalid(format!("lane {lane} does not exist")));
+        }
+        Ok(self.inner.lane(lane))
+    }
+
+    /// Puts one message: `header` plus out-of-band `buffers`.
+    ///
+    /// Blocks while the lane is full or the arena has no room (backpressure
+    /// happens before any payload byte moves), at most until `timeout`.
+    ///
+    /// # Errors
+    /// [`ChannelError::Full`] when `nonblocking` and no room,
+    /// [`ChannelError::Timeout`], [`ChannelError::Closed`], or
+    /// [`ChannelError::Invalid`] for a message larger than the arena.
+    pub fn put(
+        &self,
+        lane: u32,
+        header: &[u8],
+        buffers: &[&[u8]],
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> Result<()> {
+        let lens: Vec<usize> = buffers.iter().map(|b| b.len()).collect();
+        let total = message_size(header.len(), &lens);
+        let r = self.reserve(lane, total, weight, timeout, nonblocking)?;
+        // Copy outside the lock: the block is ours (WRITING), the slot RESERVED.
+        // SAFETY: `reserve` validated [start, start+total) against the arena
+        // and the mapping, and the block is exclusively ours while WRITING.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.inner.map.base().add(r.start), total as usize)
+        };
+        write_message(dst, header, buffers);
+        self.publish(lane, r);
+        Ok(())
+    }
+
+    /// Claims a slot and a block of `total` bytes (the first half of a put).
+    fn reserve(
+        &self,
+        lane: u32,
+        total: u64,
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> Result<Reservation> {
+        let lane_ref = self.check_lane(lane)?;
+        let inner = &*self.inner;
+        if total > inner.geo.arena_size {
+            return Err(ChannelError::Invalid(format!(
+                "message needs {total} bytes but the channel holds at most {}; create it with a \
+                 larger capacity_bytes",
+                inner.geo.arena_size
+            )));
+        }
+        let cap = inner.geo.lane_capacity as u64;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let words = [&lane_ref.not_full, &inner.header().space];
+        let mut reclaimed = false;
+        let (block, pos, fresh) = inner.wait_loop(
+            &words,
+            deadline,
+            nonblocking.then_some(ChannelError::Full),
+            |inner| {
+                if inner.closed() {
+                    return Err(ChannelError::Closed);
+                }
+                let _g = inner.lock()?;
+                let (head, tail) = (lane_ref.head.load(Relaxed), lane_ref.tail.load(Relaxed));
+                if tail.wrapping_sub(head) >= cap {
+                    return Ok(Attempt::Wait(0));
+                }
+                let mut got = inner.alloc_locked(total);
+                if got.is_none() && !reclaimed {
+                    reclaimed = true;
+                    if inner.reclaim_dead_locked() > 0 {
+                        got = inner.alloc_locked(total);
+                    }
+                }
+                let Some((b, fresh)) = got else {
+                    return Ok(Attempt::Wait(1));
+                };
+                let slot = inner.slot(lane, tail);
+                slot.block.store(b, Relaxed);
+                slot.generation
+                    .store(inner.meta(b).generation.load(Relaxed), Relaxed);
+                slot.weight.store(weight as u64, Relaxed);
+                slot.len.store(total, Relaxed);
+                slot.state.store(slot_state::RESERVED, Release);
+                lane_ref.tail.store(tail + 1, Release); // commit the reservation
+                Ok(Attempt::Done((b, tail, fresh)))
+            },
+        )?;
+        let (start, cap) = inner.block_range(block)?;
+        let fits = (total as usize) <= cap && start + total as usize <= inner.map_len();
+        let populated = !fresh || inner.map.populate_write(start as u64, total).is_ok();
+        if !fits || !populated {
+            let g = inner.lock()?;
+            inner
+                .slot(lane, pos)
+                .state
+                .store(slot_state::TOMBSTONE, Release);
+            inner.free_locked(block);
+            drop(g);
+            inner.notify(&lane_ref.not_empty);
+            return Err(if fits {
+                ChannelError::Invalid(format!(
+                    "could not allocate {total} bytes in /dev/shm; free space there or pass a \
+                     smaller capacity_bytes"
+                ))
+            } else {
+                ChannelError::Corrupt(format!("block {block} is smaller than its class"))
+            });
+        }
+        Ok(Reservation { block, pos, start })
+    }
+
+    /// Publishes a reserved, fully written message (the second half of a put).
+    fn publish(&self, lane: u32, r: Reservation) {
+        let inner = &*self.inner;
+        inner
+            .meta(r.block)
+            .state
+            .store(block_state::QUEUED, Release);
+        inner
+            .slot(lane, r.pos)
+            .state
+            .store(slot_state::READY, Release); // publish
+        inner.notify(&inner.lane(lane).not_empty);
+    }
+
+    /// Test hook: reserves a slot and a block and writes half a message, but
+    /// never publishes it, as a producer killed mid-put would leave things.
+    #[doc(hidden)]
+    pub fn debug_reserve_without_publish(&self, lane: u32, total: u64) -> Result<()> {
+        let r = self.reserve(lane, total, 0, Some(Duration::from_secs(5)), false)?;
+        // SAFETY: as in `put`.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(self.inner.map.base().add(r.start), total as usize)
+        };
+        dst[..total as usize / 2].fill(0xAB);
+        Ok(())
+    }
+
+    /// Takes the next message of `lane`, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`ChannelError::Empty`] when `nonblocking` and nothing is ready,
+    /// [`ChannelError::Timeout`], or [`ChannelError::Closed`] once the
+    /// channel is closed and drained.
+    pub fn get(&self, lane: u32, timeout: Option<Duration>, nonblocking: bool) -> Result<Lease> {
+        let mut batch = self.take(lane, TakeRule::One, timeout, nonblocking)?;
+        batch.pop().ok_or(ChannelError::Empty)
+    }
+
+    /// Takes messages in FIFO order while their weights sum to at most
+    /// `target`, stopping once the sum reaches `target`; waits for more.
+    ///
+    /// # Errors
+    /// [`ChannelError::Invalid`] if the next item would overshoot the target
+    /// before it is reached, plus the errors of [`Channel::get`].
+    pub fn get_batch(
+        &self,
+        lane: u32,
+        target: i64,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Lease>> {
+        if target <= 0 {
+            return Err(ChannelError::Invalid(format!(
+                "target_weight must be positive, got {target}"
+            )));
+        }
+        self.take(lane, TakeRule::Weight(target), timeout, false)
+    }
+
+    fn take(
+        &self,
+        lane: u32,
+        rule: TakeRule,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> Result<Vec<Lease>> {
+        let lane_ref = self.check_lane(lane)?;
+        let inner = &*self.inner;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let taken = inner.wait_loop(
+            &[&lane_ref.not_empty],
+            deadline,
+            nonblocking.then_some(ChannelError::Empty),
+            |inner| {
+                let _g = inner.lock()?;
+                let head = lane_ref.head.load(Relaxed);
+                let tail = lane_ref.tail.load(Relaxed);
+                // Plan: how many positions to consume, and which hold items.
+                let mut acc: i64 = 0;
+                let mut items: Vec<u64> = Vec::new();
+                let mut end = head;
+                let mut ready = false;
+                while end < tail {
+                    let s = inner.slot(lane, end);
+                    match s.state.load(Acquire) {
+                        slot_state::TOMBSTONE => end += 1,
+                        slot_state::READY => {
+                            let w = s.weight.load(Relaxed) as i64;
+                            if let TakeRule::Weight(target) = rule {
+                                if acc.saturating_add(w) > target {
+                                    return Err(ChannelError::Invalid(format!(
+                                        "get_batch: the next item's weight {w} would take the batch \
+                                         from {acc} past the target {target}; weights must add up \
+                                         to the target exactly"
+                                    )));
+                                }
+                            }
+                            acc = acc.saturating_add(w);
+                            items.push(end);
+                            end += 1;
+                            let done = match rule {
+                                TakeRule::One => true,
+                                TakeRule::Weight(target) => acc >= target,
+                            };
+                            if done {
+                                ready = true;
+                                break;
+                            }
+                        }
+                        _ => break, // RESERVED: the producer is still writing
+                    }
+                }
+                if !ready {
+                    if end > head && items.is_empty() {
+                        lane_ref.head.store(end, Release); // drop leading tombstones
+                    }
+                    if inner.closed() && end == tail {
+                        return Err(ChannelError::Closed);
+                    }
+                    return Ok(Attempt::Wait(0));
+                }
+                let (pid, start) = sys::self_identity();
+                let mut out = Vec::with_capacity(items.len());
+                for &pos in &items {
+                    let s = inner.slot(lane, pos);
+                    let b = s.block.load(Relaxed);
+                    let (start_off, cap) = inner.block_range(b)?;
+                    let len = s.len.load(Relaxed);
+                    let m = inner.meta(b);
+                    if len as usize > cap || s.generation.load(Relaxed) != m.generation.load(Relaxed) {
+                        return Err(ChannelError::Corrupt(format!("slot {pos} has a stale or oversized block")));
+                    }
+                    m.owner_pid.store(pid, Relaxed);
+                    m.owner_start.store(start, Relaxed);
+                    m.state.store(block_state::LEASED, Release);
+                    out.push((b, m.generation.load(Relaxed), start_off, len as usize));
+                }
+                lane_ref.head.store(end, Release); // commit
+                Ok(Attempt::Done(out))
+            },
+        )?;
+        inner.notify(&lane_ref.not_full);
+        Ok(taken
+            .into_iter()
+            .map(|(block, generation, off, len)| Lease {
+                inner: Arc::clone(&self.inner),
+                block,
+                generation,
+                // SAFETY: off+len lies inside the mapping (validated above).
+                ptr: unsafe { inner.map.base().add(off) },
+                len,
+            })
+            .collect())
+    }
+
+    /// Waits until `lane` has a published item (without taking it).
+    /// Returns false on timeout.
+    ///
+    /// # Errors
+    /// [`ChannelError::Closed`] if the channel is closed and the lane drained.
+    pub fn wait_readable(&self, lane: u32, timeout: Duration) -> Result<bool> {
+        let lane_ref = self.check_lane(lane)?;
+        let r = self.inner.wait_loop(
+            &[&lane_ref.not_empty],
+            Some(Instant::now() + timeout),
+            None,
+            |inner| {
+                let head = lane_ref.head.load(Acquire);
+                let tail = lane_ref.tail.load(Acquire);
+                if head < tail && inner.slot(lane, head).state.load(Acquire) != slot_state::RESERVED
+                {
+                    return Ok(Attempt::Done(()));
+                }
+                if inner.closed() && head == tail {
+                    return Err(ChannelError::Closed);
+                }
+                Ok(Attempt::Wait(0))
+            },
+        );
+        match r {
+            Ok(()) => Ok(true),
+            Err(ChannelError::Timeout) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Items in `lane` (published or being written).
+    pub fn qsize(&self, lane: u32) -> Result<u64> {
+        let l = self.check_lane(lane)?;
+        let head = l.head.load(Acquire);
+        Ok(l.tail.load(Acquire).saturating_sub(head))
+    }
+
+    /// Closes the channel for every process and wakes every waiter.
+    /// Idempotent. Items already queued can still be taken.
+    pub fn close(&self) {
+        self.inner.header().closed.store(1, Release);
+        self.inner.notify_all_words();
+    }
+
+    /// Whether the channel was closed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed()
+    }
+
+    /// Frees blocks held by dead processes; returns how many.
+    ///
+    /// # Errors
+    /// Only if the channel lock cannot be taken.
+    pub fn reclaim(&self) -> Result<usize> {
+        self.inner.reclaim_dead()
+    }
+
+    /// Counters for introspection.
+    ///
+    /// # Errors
+    /// Only if the channel lock cannot be taken.
+    pub fn stats(&self) -> Result<Stats> {
+        let inner = &*self.inner;
+        let _g = inner.lock()?;
+        let h = inner.header();
+        let mut s = Stats {
+            blocks: h.n_blocks.load(Relaxed),
+            arena_used: h.arena_bump.load(Relaxed),
+            arena_size: inner.geo.arena_size,
+            ..Stats::default()
+        };
+        for b in 0..s.blocks.min(inner.geo.max_blocks) {
+            match inner.meta(b).state.load(Relaxed) {
+                block_state::FREE => s.free_blocks += 1,
+                block_state::LEASED => s.leased_blocks += 1,
+                block_state::QUEUED => s.queued_blocks += 1,
+                _ => s.writing_blocks += 1,
+            }
+        }
+        s.lanes = (0..inner.geo.max_lanes)
+            .filter(|&l| inner.lane(l).in_use.load(Relaxed) != 0)
+            .count() as u32;
+        Ok(s)
+    }
+}
+
+/// A claimed slot and block, between reserve and publish.
+struct Reservation {
+    block: u32,
+    pos: u64,
+    /// Offset of the block in the mapping.
+    start: usize,
+}
+
+#[derive(Clone, Copy)]
+enum TakeRule {
+    One,
+    Weight(i64),
+}
+
+fn lane_key(lane: &Lane) -> Vec<u8> {
+    let len = (lane.key_len.load(Relaxed) as usize).min(KEY_MAX);
+    let mut bytes: Vec<u8> = lane
+        .key
+        .iter()
+        .flat_map(|w| w.load(Relaxed).to_le_bytes())
+        .collect();
+    bytes.truncate(len);
+    bytes
+}
+
+/// Checks a mapped header against the file size and recomputes its geometry.
+fn validate_header(h: &Header, file_size: u64) -> Result<Geometry> {
+    let bad = |m: String| Err(ChannelError::Corrupt(m));
+    if h.layout_version.load(Relaxed) != LAYOUT_VERSION {
+        return bad(format!(
+            "layout version {} (this build reads {LAYOUT_VERSION}); all processes must run the same rlinf-core",
+            h.layout_version.load(Relaxed)
+        ));
+    }
+    if h.header_size.load(Relaxed) as usize != size_of::<Header>() {
+        return bad("header size mismatch".into());
+    }
+    let (lanes, cap, blocks) = (
+        h.max_lanes.load(Relaxed),
+        h.lane_capacity.load(Relaxed),
+        h.max_blocks.load(Relaxed),
+    );
+    if !(1..=MAX_LANES_LIMIT).contains(&lanes)
+        || !(1..=MAX_CAPACITY_LIMIT).contains(&cap)
+        || !(1..=MAX_BLOCKS_LIMIT).contains(&blocks)
+    {
+        return bad(format!(
+            "geometry out of range: lanes {lanes}, capacity {cap}, blocks {blocks}"
+        ));
+    }
+    let Some(geo) = Geometry::new(lanes, cap, blocks, h.arena_size.load(Relaxed)) else {
+        return bad("geometry overflows".into());
+    };
+    let recorded = (
+        h.lanes_off.load(Relaxed),
+        h.slots_off.load(Relaxed),
+        h.blocks_off.load(Relaxed),
+        h.arena_off.load(Relaxed),
+        h.total_size.load(Relaxed),
+    );
+    if recorded
+        != (
+            geo.lanes_off,
+            geo.slots_off,
+            geo.blocks_off,
+            geo.arena_off,
+            geo.total_size,
+        )
+    {
+        return bad("table offsets do not match the geometry".into());
+    }
+    if geo.total_size != file_size {
+        return bad(format!(
+            "segment is {file_size} bytes, header says {}",
+            geo.total_size
+        ));
+    }
+    Ok(geo)
+}
+
+/// Removes segments of `namespace` (or of every namespace) that no live
+/// process holds. Returns the names removed.
+///
+/// # Errors
+/// If `/dev/shm` cannot be listed.
+pub fn cleanup_stale_segments(namespace: Option<&str>) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(sys::SHM_DIR)? {
+        let Ok(entry) = entry else { continue };
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Some((ns, _)) = crate::naming::parse_segment_name(&name) else {
+            continue;
+        };
+        if namespace.is_some_and(|want| want != ns) {
+            continue;
+        }
+        let young = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < JANITOR_GRACE);
+        if young {
+            continue;
+        }
+        let Ok(fd) = sys::shm_open_existing(&name) else {
+            continue;
+        };
+        if let Ok(true) = sys::try_lock_exclusive(&fd) {
+            if sys::shm_unlink(&name).is_ok() {
+                removed.push(name);
+            }
+        }
+    }
+    Ok(removed)
+}

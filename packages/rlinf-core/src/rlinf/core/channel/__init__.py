@@ -1,0 +1,29 @@
+"""The shared-memory channel (``rlinf.core.channel``).
+
+See :class:`Channel`. Items are serialised with pickle protocol 5; numpy
+arrays and torch tensors travel out of band and arrive as zero-copy views
+(:mod:`rlinf.core.channel.serialization`).
+"""
+
+from rlinf.core._native import (
+    ChannelClosed,
+    ChannelCorrupt,
+    ChannelError,
+    ChannelExists,
+    ChannelNotFound,
+    cleanup_stale_segments,
+)
+from rlinf.core.channel.channel import DEFAULT_KEY, NAMESPACE_ENV, Channel, default_namespace
+
+__all__ = [
+    "DEFAULT_KEY",
+    "NAMESPACE_ENV",
+    "Channel",
+    "ChannelClosed",
+    "ChannelCorrupt",
+    "ChannelError",
+    "ChannelExists",
+    "ChannelNotFound",
+    "cleanup_stale_segments",
+    "default_namespace",
+]
