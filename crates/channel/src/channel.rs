@@ -169,22 +169,72 @@ pub fn message_size(header_len: usize, buffer_lens: &[usize]) -> u64 {
     off.max(1)
 }
 
+/// One piece of a message block image: bytes to copy, or zero padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// Bytes copied as they are.
+    Bytes(&'a [u8]),
+    /// This many zero bytes (alignment padding).
+    Zeros(usize),
+}
+
+/// The block image of a message, in order: a 16-byte prefix and the buffer
+/// table (in `table`, which the caller provides so no allocation escapes),
+/// the header, then each buffer at a 64-byte aligned offset.
+/// The pieces add up to exactly [`message_size`] bytes.
+pub fn message_pieces<'a>(
+    header: &'a [u8],
+    buffers: &[&'a [u8]],
+    table: &'a mut Vec<u8>,
+) -> Vec<Piece<'a>> {
+    table.clear();
+    table.extend_from_slice(&MSG_MAGIC.to_le_bytes());
+    table.extend_from_slice(&(buffers.len() as u32).to_le_bytes());
+    table.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    let align = |x: usize| x.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
+    let table_len = 16 + 16 * buffers.len();
+    let mut off = align(table_len) + header.len();
+    for buf in buffers {
+        off = align(off);
+        table.extend_from_slice(&(off as u64).to_le_bytes());
+        table.extend_from_slice(&(buf.len() as u64).to_le_bytes());
+        off += buf.len();
+    }
+    let mut pieces = vec![
+        Piece::Bytes(table.as_slice()),
+        Piece::Zeros(align(table_len) - table_len),
+    ];
+    pieces.push(Piece::Bytes(header));
+    let mut off = align(table_len) + header.len();
+    for buf in buffers {
+        let pad = align(off) - off;
+        if pad > 0 {
+            pieces.push(Piece::Zeros(pad));
+        }
+        pieces.push(Piece::Bytes(buf));
+        off = align(off) + buf.len();
+    }
+    if off == 0 {
+        pieces.push(Piece::Zeros(1));
+    }
+    pieces
+}
+
 /// Writes a message into `dst` (which must be `message_size` bytes long).
 fn write_message(dst: &mut [u8], header: &[u8], buffers: &[&[u8]]) {
-    dst[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-    dst[4..8].copy_from_slice(&(buffers.len() as u32).to_le_bytes());
-    dst[8..16].copy_from_slice(&(header.len() as u64).to_le_bytes());
-    let table = 16 + 16 * buffers.len();
-    let mut off = table.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
-    dst[off..off + header.len()].copy_from_slice(header);
-    off += header.len();
-    for (i, buf) in buffers.iter().enumerate() {
-        off = off.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
-        let entry = 16 + 16 * i;
-        dst[entry..entry + 8].copy_from_slice(&(off as u64).to_le_bytes());
-        dst[entry + 8..entry + 16].copy_from_slice(&(buf.len() as u64).to_le_bytes());
-        dst[off..off + buf.len()].copy_from_slice(buf);
-        off += buf.len();
+    let mut table = Vec::new();
+    let mut at = 0;
+    for piece in message_pieces(header, buffers, &mut table) {
+        match piece {
+            Piece::Bytes(b) => {
+                dst[at..at + b.len()].copy_from_slice(b);
+                at += b.len();
+            }
+            Piece::Zeros(n) => {
+                dst[at..at + n].fill(0);
+                at += n;
+            }
+        }
     }
 }
 
@@ -1014,16 +1064,34 @@ impl Channel {
     ) -> Result<()> {
         let lens: Vec<usize> = buffers.iter().map(|b| b.len()).collect();
         let total = message_size(header.len(), &lens);
-        let r = self.reserve(lane, total, weight, timeout, nonblocking)?;
+        let mut pending = self.reserve_put(lane, total, weight, timeout, nonblocking)?;
         // Copy outside the lock: the block is ours (WRITING), the slot RESERVED.
-        // SAFETY: `reserve` validated [start, start+total) against the arena
-        // and the mapping, and the block is exclusively ours while WRITING.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.inner.map.base().add(r.start), total as usize)
-        };
-        write_message(dst, header, buffers);
-        self.publish(lane, r);
+        write_message(pending.block_mut(), header, buffers);
+        pending.publish();
         Ok(())
+    }
+
+    /// Reserves room for a message of exactly `total` bytes (see
+    /// [`message_size`]) and returns it for filling. Publish it with
+    /// [`PendingPut::publish`]; dropping it unpublished withdraws the item.
+    ///
+    /// # Errors
+    /// As for [`Channel::put`].
+    pub fn reserve_put(
+        &self,
+        lane: u32,
+        total: u64,
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> Result<PendingPut> {
+        let r = self.reserve(lane, total, weight, timeout, nonblocking)?;
+        Ok(PendingPut {
+            ch: self.clone(),
+            lane,
+            r: Some(r),
+            len: total as usize,
+        })
     }
 
     /// Claims a slot and a block of `total` bytes (the first half of a put).
@@ -1124,13 +1192,25 @@ impl Channel {
     /// never publishes it, as a producer killed mid-put would leave things.
     #[doc(hidden)]
     pub fn debug_reserve_without_publish(&self, lane: u32, total: u64) -> Result<()> {
-        let r = self.reserve(lane, total, 0, Some(Duration::from_secs(5)), false)?;
-        // SAFETY: as in `put`.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(self.inner.map.base().add(r.start), total as usize)
-        };
-        dst[..total as usize / 2].fill(0xAB);
+        let mut pending = self.reserve_put(lane, total, 0, Some(Duration::from_secs(5)), false)?;
+        pending.block_mut()[..total as usize / 2].fill(0xAB);
+        std::mem::forget(pending);
         Ok(())
+    }
+
+    /// Withdraws a reservation: the slot becomes a tombstone, the block is freed.
+    fn abort(&self, lane: u32, r: Reservation) {
+        let inner = &*self.inner;
+        if let Ok(g) = inner.lock() {
+            inner
+                .slot(lane, r.pos)
+                .state
+                .store(slot_state::TOMBSTONE, Release);
+            inner.free_locked(r.block);
+            drop(g);
+        }
+        inner.notify(&inner.lane(lane).not_empty);
+        inner.notify(&inner.header().space);
     }
 
     /// Takes the next message of `lane`, waiting at most `timeout`.
@@ -1344,6 +1424,52 @@ impl Channel {
             .filter(|&l| inner.lane(l).in_use.load(Relaxed) != 0)
             .count() as u32;
         Ok(s)
+    }
+}
+
+/// A reserved, not yet published message: fill [`PendingPut::block_mut`],
+/// then [`PendingPut::publish`]. Dropped unpublished, the item is withdrawn
+/// (its slot becomes a tombstone and its block is freed).
+pub struct PendingPut {
+    ch: Channel,
+    lane: u32,
+    r: Option<Reservation>,
+    len: usize,
+}
+
+impl PendingPut {
+    /// The message's bytes in shared memory, `total` long, to fill.
+    pub fn block_mut(&mut self) -> &mut [u8] {
+        let start = self.r.as_ref().map_or(0, |r| r.start);
+        // SAFETY: `reserve` validated [start, start+len) against the arena and
+        // the mapping, and the block is exclusively ours while WRITING; the
+        // mapping lives as long as `ch`.
+        unsafe { std::slice::from_raw_parts_mut(self.ch.inner.map.base().add(start), self.len) }
+    }
+
+    /// Length of the message.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty (never: messages are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Publishes the message to consumers.
+    pub fn publish(mut self) {
+        if let Some(r) = self.r.take() {
+            self.ch.publish(self.lane, r);
+        }
+    }
+}
+
+impl Drop for PendingPut {
+    fn drop(&mut self) {
+        if let Some(r) = self.r.take() {
+            self.ch.abort(self.lane, r);
+        }
     }
 }
 

@@ -3,20 +3,33 @@
 //! - [`naming`]: names of the shared-memory segments (`rlinf.<namespace>.<channel>`).
 //! - [`layout`]: the byte layout of a channel segment.
 //! - [`channel`]: the shared-memory channel (keyed FIFO lanes over a block arena).
+//! - [`transport`]: the node-transport contract (one-sided writes/reads) and its TCP backend.
+//! - [`agent`], [`remote`], [`protocol`], [`wire`]: the per-node agent that serves
+//!   channels to other nodes, its client, and their control messages.
 //! - `sys` (private): audited wrappers over shm, mmap, flock, futex, liveness.
 //!
 //! The core is plain Rust; the Python bindings live in `python` behind the
 //! `python` feature, which maturin enables when it builds `rlinf.core._native`.
 
+pub mod agent;
 pub mod channel;
 pub mod layout;
 pub mod naming;
+pub mod protocol;
+pub mod remote;
 mod sys;
+pub mod transport;
+pub mod wire;
 
 #[cfg(feature = "python")]
 mod python;
 
-pub use channel::{Channel, ChannelError, ChannelOptions, Lease, Stats, cleanup_stale_segments};
+pub use agent::Agent;
+pub use channel::{
+    Channel, ChannelError, ChannelOptions, Lease, PendingPut, Stats, cleanup_stale_segments,
+};
+pub use remote::RemoteChannel;
+pub use transport::tcp::TcpTransport;
 
 /// Version of this crate, as Cargo knows it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

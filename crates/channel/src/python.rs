@@ -17,7 +17,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::{create_exception, ffi};
 
+use crate::agent::Agent;
 use crate::channel::{Channel, ChannelError, ChannelOptions, Lease, parse_message};
+use crate::remote::RemoteChannel;
+use crate::transport::tcp::TcpTransport;
 
 create_exception!(
     _native,
@@ -91,6 +94,31 @@ fn to_duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// What a view's bytes live in: a leased shared-memory block, or a buffer
+/// received from another node.
+enum Backing {
+    Lease(Lease),
+    Owned(Box<[u8]>),
+}
+
+impl Backing {
+    fn as_ptr(&self) -> *mut u8 {
+        match self {
+            Backing::Lease(l) => l.as_ptr(),
+            // Owned bytes are only ever reached through views, which may
+            // write to them (numpy arrays are writable): hand out a mut pointer.
+            Backing::Owned(b) => b.as_ptr().cast_mut(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Lease(l) => l.bytes(),
+            Backing::Owned(b) => b,
+        }
+    }
+}
+
 /// A writable, zero-copy view of bytes in a channel block.
 ///
 /// Supports the buffer protocol; numpy arrays and torch tensors built on it
@@ -98,7 +126,7 @@ fn to_duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 /// the last view of its message is garbage collected.
 #[pyclass(frozen, module = "rlinf.core._native")]
 struct ShmView {
-    lease: Arc<Lease>,
+    lease: Arc<Backing>,
     offset: usize,
     len: usize,
 }
@@ -158,19 +186,19 @@ impl ShmView {
 }
 
 /// Builds `(header, [buffer views])` for one taken message.
-fn message_to_py(py: Python<'_>, lease: Lease) -> PyResult<Py<PyTuple>> {
-    let layout = parse_message(lease.bytes()).map_err(to_py)?;
+fn message_to_py(py: Python<'_>, backing: Backing) -> PyResult<Py<PyTuple>> {
+    let layout = parse_message(backing.bytes()).map_err(to_py)?;
     let (hoff, hlen) = layout.header;
     if layout.buffers.is_empty() && hlen <= COPY_OUT_MAX {
-        let header = PyBytes::new(py, &lease.bytes()[hoff..hoff + hlen]);
-        drop(lease); // frees the block now
+        let header = PyBytes::new(py, &backing.bytes()[hoff..hoff + hlen]);
+        drop(backing); // frees the block now
         return Ok(PyTuple::new(py, [header.into_any(), PyList::empty(py).into_any()])?.unbind());
     }
-    let lease = Arc::new(lease);
+    let backing = Arc::new(backing);
     let header = Py::new(
         py,
         ShmView {
-            lease: Arc::clone(&lease),
+            lease: Arc::clone(&backing),
             offset: hoff,
             len: hlen,
         },
@@ -182,7 +210,7 @@ fn message_to_py(py: Python<'_>, lease: Lease) -> PyResult<Py<PyTuple>> {
             Py::new(
                 py,
                 ShmView {
-                    lease: Arc::clone(&lease),
+                    lease: Arc::clone(&backing),
                     offset,
                     len,
                 },
@@ -197,6 +225,42 @@ fn message_to_py(py: Python<'_>, lease: Lease) -> PyResult<Py<PyTuple>> {
         ],
     )?
     .unbind())
+}
+
+/// Borrows the bytes of `header` and `buffers` (C-contiguous buffer objects).
+struct Borrowed {
+    header: PyUntypedBuffer,
+    buffers: Vec<PyUntypedBuffer>,
+}
+
+impl Borrowed {
+    fn new(header: &Bound<'_, PyAny>, buffers: &[Bound<'_, PyAny>]) -> PyResult<Self> {
+        let header = PyUntypedBuffer::get(header)?;
+        let buffers = buffers
+            .iter()
+            .map(PyUntypedBuffer::get)
+            .collect::<PyResult<Vec<_>>>()?;
+        for (i, b) in std::iter::once(&header).chain(buffers.iter()).enumerate() {
+            if !b.is_c_contiguous() {
+                return Err(PyValueError::new_err(format!(
+                    "buffer {i} is not C-contiguous"
+                )));
+            }
+        }
+        Ok(Self { header, buffers })
+    }
+
+    fn slices(&self) -> (&[u8], Vec<&[u8]>) {
+        // SAFETY: each PyUntypedBuffer pins its exporter's memory while `self`
+        // lives, and the regions are C-contiguous bytes.
+        let as_slice = |b: &PyUntypedBuffer| unsafe {
+            std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
+        };
+        (
+            as_slice(&self.header),
+            self.buffers.iter().map(as_slice).collect(),
+        )
+    }
 }
 
 /// Native handle on one shared-memory channel segment.
@@ -260,25 +324,8 @@ impl ChannelCore {
         nonblocking: bool,
     ) -> PyResult<()> {
         let timeout = to_duration(timeout)?;
-        let header = PyUntypedBuffer::get(header)?;
-        let bufs = buffers
-            .iter()
-            .map(PyUntypedBuffer::get)
-            .collect::<PyResult<Vec<_>>>()?;
-        for (i, b) in std::iter::once(&header).chain(bufs.iter()).enumerate() {
-            if !b.is_c_contiguous() {
-                return Err(PyValueError::new_err(format!(
-                    "buffer {i} is not C-contiguous"
-                )));
-            }
-        }
-        // SAFETY: each PyUntypedBuffer pins its exporter's memory until it is
-        // dropped (after this call), and the regions are C-contiguous bytes.
-        let as_slice = |b: &PyUntypedBuffer| unsafe {
-            std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
-        };
-        let header_bytes = as_slice(&header);
-        let slices: Vec<&[u8]> = bufs.iter().map(as_slice).collect();
+        let borrowed = Borrowed::new(header, &buffers)?;
+        let (header_bytes, slices) = borrowed.slices();
         let ch = &self.ch;
         py.detach(|| ch.put(lane, header_bytes, &slices, weight, timeout, nonblocking))
             .map_err(to_py)
@@ -299,7 +346,7 @@ impl ChannelCore {
         let lease = py
             .detach(|| ch.get(lane, timeout, nonblocking))
             .map_err(to_py)?;
-        message_to_py(py, lease)
+        message_to_py(py, Backing::Lease(lease))
     }
 
     /// Takes messages whose weights sum to `target` (see `Channel.get_batch`).
@@ -318,7 +365,7 @@ impl ChannelCore {
             .map_err(to_py)?;
         let items = leases
             .into_iter()
-            .map(|l| message_to_py(py, l))
+            .map(|l| message_to_py(py, Backing::Lease(l)))
             .collect::<PyResult<Vec<_>>>()?;
         Ok(PyList::new(py, items)?.unbind())
     }
@@ -355,16 +402,7 @@ impl ChannelCore {
     /// Arena and lane counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.ch.stats().map_err(to_py)?;
-        let d = PyDict::new(py);
-        d.set_item("blocks", s.blocks)?;
-        d.set_item("free_blocks", s.free_blocks)?;
-        d.set_item("leased_blocks", s.leased_blocks)?;
-        d.set_item("queued_blocks", s.queued_blocks)?;
-        d.set_item("writing_blocks", s.writing_blocks)?;
-        d.set_item("lanes", s.lanes)?;
-        d.set_item("arena_used", s.arena_used)?;
-        d.set_item("arena_size", s.arena_size)?;
-        Ok(d)
+        stats_dict(py, &s)
     }
 
     #[getter]
@@ -386,6 +424,215 @@ impl ChannelCore {
     fn arena_size(&self) -> u64 {
         self.ch.arena_size()
     }
+}
+
+/// Native handle on a channel of another node, reached through its agent
+/// over TCP. Same methods as `ChannelCore`.
+#[pyclass(frozen, module = "rlinf.core._native")]
+struct RemoteCore {
+    ch: RemoteChannel,
+}
+
+#[pymethods]
+impl RemoteCore {
+    /// Connects to channel `name` served by the agent at `address`; with
+    /// `create`, creates it there (the sizes are then used).
+    #[staticmethod]
+    #[pyo3(signature = (address, namespace, name, create=false, max_lanes=64, lane_capacity=4096, max_blocks=4096, arena_bytes=1<<30, user_tag=0))]
+    fn connect(
+        py: Python<'_>,
+        address: &str,
+        namespace: &str,
+        name: &str,
+        create: bool,
+        max_lanes: u32,
+        lane_capacity: u32,
+        max_blocks: u32,
+        arena_bytes: u64,
+        user_tag: u32,
+    ) -> PyResult<Self> {
+        let opts = create.then_some(ChannelOptions {
+            max_lanes,
+            lane_capacity,
+            max_blocks,
+            arena_bytes,
+            user_tag,
+        });
+        let ch = py
+            .detach(|| {
+                RemoteChannel::connect(Arc::new(TcpTransport), address, namespace, name, opts)
+            })
+            .map_err(to_py)?;
+        Ok(Self { ch })
+    }
+
+    fn lane(&self, py: Python<'_>, key: &[u8]) -> PyResult<u32> {
+        let ch = &self.ch;
+        py.detach(|| ch.lane(key)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (lane, header, buffers, weight=0, timeout=None, nonblocking=false))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        lane: u32,
+        header: &Bound<'_, PyAny>,
+        buffers: Vec<Bound<'_, PyAny>>,
+        weight: i64,
+        timeout: Option<f64>,
+        nonblocking: bool,
+    ) -> PyResult<()> {
+        let timeout = to_duration(timeout)?;
+        let borrowed = Borrowed::new(header, &buffers)?;
+        let (header_bytes, slices) = borrowed.slices();
+        let ch = &self.ch;
+        py.detach(|| ch.put(lane, header_bytes, &slices, weight, timeout, nonblocking))
+            .map_err(to_py)
+    }
+
+    #[pyo3(signature = (lane, timeout=None, nonblocking=false))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        lane: u32,
+        timeout: Option<f64>,
+        nonblocking: bool,
+    ) -> PyResult<Py<PyTuple>> {
+        let timeout = to_duration(timeout)?;
+        let ch = &self.ch;
+        let mut items = py
+            .detach(|| ch.take(lane, 0, timeout, nonblocking))
+            .map_err(to_py)?;
+        let image = items
+            .pop()
+            .ok_or_else(|| ChannelEmpty::new_err("agent returned no item"))?;
+        message_to_py(py, Backing::Owned(image.into_boxed_slice()))
+    }
+
+    #[pyo3(signature = (lane, target, timeout=None))]
+    fn get_batch(
+        &self,
+        py: Python<'_>,
+        lane: u32,
+        target: i64,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyList>> {
+        if target <= 0 {
+            return Err(PyValueError::new_err(format!(
+                "target_weight must be positive, got {target}"
+            )));
+        }
+        let timeout = to_duration(timeout)?;
+        let ch = &self.ch;
+        let images = py
+            .detach(|| ch.take(lane, target, timeout, false))
+            .map_err(to_py)?;
+        let items = images
+            .into_iter()
+            .map(|i| message_to_py(py, Backing::Owned(i.into_boxed_slice())))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(PyList::new(py, items)?.unbind())
+    }
+
+    fn wait_readable(&self, py: Python<'_>, lane: u32, timeout: f64) -> PyResult<bool> {
+        let timeout = to_duration(Some(timeout))?.unwrap_or_default();
+        let ch = &self.ch;
+        py.detach(|| ch.wait_readable(lane, timeout)).map_err(to_py)
+    }
+
+    fn qsize(&self, py: Python<'_>, lane: u32) -> PyResult<u64> {
+        let ch = &self.ch;
+        py.detach(|| ch.qsize(lane)).map_err(to_py)
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let ch = &self.ch;
+        py.detach(|| ch.close()).map_err(to_py)
+    }
+
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        let ch = &self.ch;
+        py.detach(|| ch.is_closed()).map_err(to_py)
+    }
+
+    fn reclaim(&self, py: Python<'_>) -> PyResult<usize> {
+        let ch = &self.ch;
+        py.detach(|| ch.reclaim()).map_err(to_py)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let ch = &self.ch;
+        let s = py.detach(|| ch.stats()).map_err(to_py)?;
+        stats_dict(py, &s)
+    }
+
+    #[getter]
+    fn user_tag(&self) -> u32 {
+        self.ch.user_tag()
+    }
+
+    #[getter]
+    fn lane_capacity(&self) -> u32 {
+        self.ch.lane_capacity()
+    }
+
+    #[getter]
+    fn arena_size(&self) -> u64 {
+        self.ch.arena_size()
+    }
+}
+
+/// The per-node channel agent: serves this node's channels to other nodes
+/// over TCP. Runs on background threads of this process until `stop()`.
+#[pyclass(module = "rlinf.core._native")]
+struct ChannelAgent {
+    agent: Option<Agent>,
+    address: String,
+}
+
+#[pymethods]
+impl ChannelAgent {
+    /// Starts listening on `bind` (`"127.0.0.1:0"` picks a free port; use
+    /// `"0.0.0.0:PORT"` to serve other hosts).
+    #[new]
+    #[pyo3(signature = (bind="127.0.0.1:0"))]
+    fn new(bind: &str) -> PyResult<Self> {
+        let agent = Agent::start(bind).map_err(|e| {
+            PyOSError::new_err(format!("cannot start the channel agent on {bind}: {e}"))
+        })?;
+        let address = agent.address().to_owned();
+        Ok(Self {
+            agent: Some(agent),
+            address,
+        })
+    }
+
+    /// The `host:port` to give to remote `Channel.connect(..., address=...)`.
+    #[getter]
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Stops accepting connections (idempotent).
+    fn stop(&mut self, py: Python<'_>) {
+        if let Some(mut a) = self.agent.take() {
+            py.detach(|| a.stop());
+        }
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &crate::channel::Stats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("blocks", s.blocks)?;
+    d.set_item("free_blocks", s.free_blocks)?;
+    d.set_item("leased_blocks", s.leased_blocks)?;
+    d.set_item("queued_blocks", s.queued_blocks)?;
+    d.set_item("writing_blocks", s.writing_blocks)?;
+    d.set_item("lanes", s.lanes)?;
+    d.set_item("arena_used", s.arena_used)?;
+    d.set_item("arena_size", s.arena_size)?;
+    Ok(d)
 }
 
 /// Version of the native extension (the `rlinf-channel` crate).
@@ -427,6 +674,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;
+    m.add_class::<RemoteCore>()?;
+    m.add_class::<ChannelAgent>()?;
     m.add("ChannelError", py.get_type::<ChannelError_>())?;
     m.add("ChannelClosed", py.get_type::<ChannelClosed>())?;
     m.add("ChannelFull", py.get_type::<ChannelFull>())?;

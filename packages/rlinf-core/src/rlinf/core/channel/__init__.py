@@ -6,6 +6,7 @@ arrays and torch tensors travel out of band and arrive as zero-copy views
 """
 
 from rlinf.core._native import (
+    ChannelAgent,
     ChannelClosed,
     ChannelCorrupt,
     ChannelError,
@@ -13,12 +14,20 @@ from rlinf.core._native import (
     ChannelNotFound,
     cleanup_stale_segments,
 )
-from rlinf.core.channel.channel import DEFAULT_KEY, NAMESPACE_ENV, Channel, default_namespace
+from rlinf.core.channel.channel import (
+    AGENT_ENV,
+    DEFAULT_KEY,
+    NAMESPACE_ENV,
+    Channel,
+    default_namespace,
+)
 
 __all__ = [
+    "AGENT_ENV",
     "DEFAULT_KEY",
     "NAMESPACE_ENV",
     "Channel",
+    "ChannelAgent",
     "ChannelClosed",
     "ChannelCorrupt",
     "ChannelError",

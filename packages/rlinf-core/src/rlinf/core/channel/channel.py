@@ -20,13 +20,25 @@ from typing import Any, TypeVar
 from rlinf.core import _native
 from rlinf.core.channel.serialization import dumps, loads
 
-__all__ = ["DEFAULT_KEY", "NAMESPACE_ENV", "Channel", "ChannelClosed", "ChannelNotFound"]
+__all__ = [
+    "AGENT_ENV",
+    "DEFAULT_KEY",
+    "NAMESPACE_ENV",
+    "Channel",
+    "ChannelClosed",
+    "ChannelNotFound",
+]
 
 DEFAULT_KEY = "default_queue"
 """Key used when none is given."""
 
 NAMESPACE_ENV = "RLINF_CHANNEL_NAMESPACE"
 """Environment variable holding the default namespace (one per run)."""
+
+AGENT_ENV = "RLINF_CHANNEL_AGENT"
+"""If set (``host:port``), ``Channel.connect`` goes through that agent over TCP."""
+
+_Core = _native.ChannelCore | _native.RemoteCore
 
 ChannelClosed = _native.ChannelClosed
 ChannelNotFound = _native.ChannelNotFound
@@ -101,11 +113,12 @@ class Channel:
     channel when the last view is garbage collected.
     """
 
-    def __init__(self, core: _native.ChannelCore, name: str, namespace: str) -> None:
+    def __init__(self, core: _Core, name: str, namespace: str, address: str | None = None) -> None:
         """Wraps a native handle; use :meth:`create` or :meth:`connect` instead."""
         self._core = core
         self._name = name
         self._namespace = namespace
+        self._address = address
         self._lanes: dict[Any, int] = {}
 
     # ----- creation -------------------------------------------------------------
@@ -120,6 +133,7 @@ class Channel:
         max_items: int = 4096,
         capacity_bytes: int = 1 << 30,
         exist_ok: bool = False,
+        address: str | None = None,
     ) -> Channel:
         """Creates a channel.
 
@@ -135,6 +149,8 @@ class Channel:
             capacity_bytes: Shared-memory bytes for payloads (reserved lazily:
                 only pages actually used take memory).
             exist_ok: Connect instead of failing if the channel exists.
+            address: ``host:port`` of the channel agent of another node: create
+                the channel there (its home) and reach it over TCP.
 
         Returns:
             The channel.
@@ -147,44 +163,66 @@ class Channel:
             raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
         namespace = namespace or default_namespace()
         lane_capacity = maxsize if maxsize > 0 else max_items
+        sizes = (max_keys, lane_capacity, max(max_items, maxsize), capacity_bytes, maxsize)
         try:
-            core = _native.ChannelCore.create(
-                namespace,
-                name,
-                max_keys,
-                lane_capacity,
-                max(max_items, maxsize),
-                capacity_bytes,
-                maxsize,
-            )
+            core: _Core
+            if address is None:
+                core = _native.ChannelCore.create(namespace, name, *sizes)
+            else:
+                core = _native.RemoteCore.connect(address, namespace, name, True, *sizes)
         except _native.ChannelExists:
             if not exist_ok:
                 raise
-            return cls.connect(name, namespace=namespace)
-        return cls(core, name, namespace)
+            return cls.connect(name, namespace=namespace, address=address)
+        return cls(core, name, namespace, address)
 
     @classmethod
-    def connect(cls, name: str, *, namespace: str | None = None, timeout: float = 0.0) -> Channel:
+    def connect(
+        cls,
+        name: str,
+        *,
+        namespace: str | None = None,
+        timeout: float = 0.0,
+        address: str | None = None,
+    ) -> Channel:
         """Connects to an existing channel, waiting up to ``timeout`` s for it to appear.
+
+        Args:
+            name: Channel name.
+            namespace: Run namespace (default: ``$RLINF_CHANNEL_NAMESPACE``).
+            timeout: Seconds to wait for the channel to be created.
+            address: ``host:port`` of the agent on the channel's home node, for
+                a channel on another node (payloads then travel over TCP).
+                Defaults to ``$RLINF_CHANNEL_AGENT`` if set, else shared memory.
 
         Raises:
             rlinf.core._native.ChannelNotFound: If it does not exist in time.
         """
         namespace = namespace or default_namespace()
+        address = address or os.environ.get(AGENT_ENV) or None
         deadline = time.monotonic() + _check_timeout(timeout)  # type: ignore[operator]
         while True:
             try:
-                return cls(_native.ChannelCore.attach(namespace, name), name, namespace)
+                core: _Core
+                if address is None:
+                    core = _native.ChannelCore.attach(namespace, name)
+                else:
+                    core = _native.RemoteCore.connect(address, namespace, name)
+                return cls(core, name, namespace, address)
             except _native.ChannelNotFound:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_connect, (self._name, self._namespace))
+        return (_connect, (self._name, self._namespace, self._address))
 
     def __repr__(self) -> str:
-        return f"Channel({self._name!r}, namespace={self._namespace!r}, maxsize={self.maxsize})"
+        where = "shm" if self._address is None else f"tcp://{self._address}"
+        return (
+            f"Channel({self._name!r}, namespace={self._namespace!r}, maxsize={self.maxsize}, "
+            f"via={where})"
+        )
 
     # ----- properties -----------------------------------------------------------
     @property
@@ -196,6 +234,11 @@ class Channel:
     def namespace(self) -> str:
         """Run namespace."""
         return self._namespace
+
+    @property
+    def address(self) -> str | None:
+        """Agent address when the channel is reached over TCP, else None (shared memory)."""
+        return self._address
 
     @property
     def maxsize(self) -> int:
@@ -379,5 +422,5 @@ class Channel:
         return dict(self._core.stats())
 
 
-def _connect(name: str, namespace: str) -> Channel:
-    return Channel.connect(name, namespace=namespace, timeout=10.0)
+def _connect(name: str, namespace: str, address: str | None = None) -> Channel:
+    return Channel.connect(name, namespace=namespace, timeout=10.0, address=address)
