@@ -23,8 +23,8 @@ use std::fmt;
 use std::io;
 use std::mem::size_of;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::layout::{
@@ -117,6 +117,47 @@ impl From<NameError> for ChannelError {
     fn from(e: NameError) -> Self {
         ChannelError::Name(e)
     }
+}
+
+/// Every channel handle of this process, for [`release_all_names`].
+static OPEN_CHANNELS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+fn register(inner: Inner) -> Channel {
+    let inner = Arc::new(inner);
+    if let Ok(mut open) = OPEN_CHANNELS.lock() {
+        open.retain(|w| w.strong_count() > 0);
+        open.push(Arc::downgrade(&inner));
+    }
+    Channel { inner }
+}
+
+/// Called at interpreter exit: for every segment this process still maps,
+/// drops our locks and unlinks the name if no other process holds it.
+/// (Objects alive at exit are not always destroyed, so `Drop` cannot be
+/// relied on to clean up.) Returns the number of names removed.
+pub fn release_all_names() -> usize {
+    let inners: Vec<Arc<Inner>> = match OPEN_CHANNELS.lock() {
+        Ok(open) => open.iter().filter_map(Weak::upgrade).collect(),
+        Err(_) => return 0,
+    };
+    let mut names: Vec<&str> = inners.iter().map(|i| i.seg_name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut removed = 0;
+    for name in names {
+        let group: Vec<&Arc<Inner>> = inners.iter().filter(|i| i.seg_name == name).collect();
+        for inner in &group {
+            let _ = sys::unlock(&inner.fd);
+        }
+        if let Some(first) = group.first() {
+            if let Ok(true) = sys::try_lock_exclusive(&first.fd) {
+                if sys::shm_unlink(name).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+    }
+    removed
 }
 
 /// Result alias for channel operations.
@@ -871,7 +912,13 @@ impl Channel {
                 geo.total_size
             )));
         }
-        let fd = sys::shm_create(&seg_name, geo.total_size).map_err(|e| {
+        let mut created = sys::shm_create(&seg_name, geo.total_size);
+        if matches!(&created, Err(e) if e.kind() == io::ErrorKind::AlreadyExists)
+            && remove_if_stale(&seg_name)
+        {
+            created = sys::shm_create(&seg_name, geo.total_size);
+        }
+        let fd = created.map_err(|e| {
             if e.kind() == io::ErrorKind::AlreadyExists {
                 ChannelError::Exists(seg_name.clone())
             } else {
@@ -908,9 +955,7 @@ impl Channel {
         // not published yet, so no other process can be using the mutex.
         unsafe { sys::mutex_init(h.mutex.0.get())? };
         h.magic.store(MAGIC, Release); // publish: attachers may proceed
-        Ok(Self {
-            inner: Arc::new(inner),
-        })
+        Ok(register(inner))
     }
 
     /// Attaches to an existing channel segment, validating its header.
@@ -947,9 +992,7 @@ impl Channel {
                             geo,
                             spin: sys::spinning_pays_off(),
                         };
-                        return Ok(Self {
-                            inner: Arc::new(inner),
-                        });
+                        return Ok(register(inner));
                     }
                     0 => {} // not initialised yet
                     other => return Err(ChannelError::Corrupt(format!("bad magic {other:#x}"))),
@@ -1551,6 +1594,30 @@ fn validate_header(h: &Header, file_size: u64) -> Result<Geometry> {
         ));
     }
     Ok(geo)
+}
+
+/// Removes segment `name` if no process holds it and it is fully created (or
+/// older than the janitor's grace period). Returns whether it was removed.
+fn remove_if_stale(name: &str) -> bool {
+    let Ok(fd) = sys::shm_open_existing(name) else {
+        return false;
+    };
+    if !matches!(sys::try_lock_exclusive(&fd), Ok(true)) {
+        return false; // someone holds it: a live channel
+    }
+    let size = sys::file_size(&fd).unwrap_or(0);
+    let initialised = size >= size_of::<Header>() as u64
+        && sys::Mapping::new(&fd, size_of::<Header>() as u64).is_ok_and(|m| {
+            // SAFETY: the mapping is one header long; Header is atomics and the mutex cell.
+            let h = unsafe { &*(m.base() as *const Header) };
+            h.magic.load(Acquire) == MAGIC
+        });
+    let old = std::fs::metadata(format!("{}/{name}", sys::SHM_DIR))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age >= JANITOR_GRACE);
+    (initialised || old) && sys::shm_unlink(name).is_ok()
 }
 
 /// Removes segments of `namespace` (or of every namespace) that no live

@@ -27,6 +27,7 @@ mod python;
 pub use agent::Agent;
 pub use channel::{
     Channel, ChannelError, ChannelOptions, Lease, PendingPut, Stats, cleanup_stale_segments,
+    release_all_names,
 };
 pub use remote::RemoteChannel;
 pub use transport::tcp::TcpTransport;

@@ -664,6 +664,13 @@ fn cleanup_stale_segments(namespace: Option<&str>) -> PyResult<Vec<String>> {
     crate::channel::cleanup_stale_segments(namespace).map_err(to_py)
 }
 
+/// Unlinks the names of this process's channels that no other process holds
+/// (registered with `atexit` by `rlinf.core.channel`).
+#[pyfunction]
+fn release_all_names() -> usize {
+    crate::channel::release_all_names()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -671,6 +678,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(segment_name, m)?)?;
     m.add_function(wrap_pyfunction!(parse_segment_name, m)?)?;
     m.add_function(wrap_pyfunction!(cleanup_stale_segments, m)?)?;
+    m.add_function(wrap_pyfunction!(release_all_names, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;

@@ -140,6 +140,11 @@ pub fn lock_shared(fd: impl AsFd) -> io::Result<()> {
     )?)
 }
 
+/// Drops this file description's `flock`.
+pub fn unlock(fd: impl AsFd) -> io::Result<()> {
+    Ok(rustix::fs::flock(fd, FlockOperation::Unlock)?)
+}
+
 /// Tries to take an exclusive `flock`; `Ok(false)` if someone else holds a lock.
 pub fn try_lock_exclusive(fd: impl AsFd) -> io::Result<bool> {
     match rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive) {

@@ -306,6 +306,13 @@ fn child_entry() {
     let Ok(role) = std::env::var("RLINF_TEST_CHILD") else {
         return;
     };
+    if role == "create-and-hang" {
+        let ns = std::env::var("RLINF_TEST_NS").unwrap();
+        let _ch =
+            Channel::create(&ns, &std::env::var("RLINF_TEST_NAME").unwrap(), small()).unwrap();
+        thread::sleep(Duration::from_secs(60));
+        return;
+    }
     let ch = Channel::attach(
         &std::env::var("RLINF_TEST_NS").unwrap(),
         &std::env::var("RLINF_TEST_NAME").unwrap(),
@@ -440,4 +447,36 @@ fn janitor_removes_segments_nobody_holds() {
     );
     drop(ch);
     assert!(!segment_exists(&name));
+}
+
+#[test]
+fn a_dead_runs_segment_of_the_same_name_is_replaced_on_create() {
+    let name = unique("stale-replace");
+    let path = format!("/dev/shm/rlinf.{}.{name}", ns());
+    let mut child = spawn_child("create-and-hang", &name);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Channel::attach(&ns(), &name).is_err() {
+        assert!(Instant::now() < deadline, "child never created the channel");
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // dies without cleaning up
+    child.wait().unwrap();
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "a SIGKILLed creator leaves its segment"
+    );
+    let ch = Channel::create(&ns(), &name, small()).unwrap();
+    drop(ch);
+    assert!(!std::path::Path::new(&path).exists());
+}
+
+#[test]
+fn exit_hook_releases_names_nobody_else_holds() {
+    let name = unique("exit-hook");
+    let path = format!("/dev/shm/rlinf.{}.{name}", ns());
+    let ch = Channel::create(&ns(), &name, small()).unwrap();
+    let other = Channel::attach(&ns(), &name).unwrap();
+    assert!(rlinf_channel::release_all_names() >= 1);
+    assert!(!std::path::Path::new(&path).exists());
+    drop((ch, other));
 }

@@ -124,3 +124,6 @@ def parse_segment_name(name: str) -> tuple[str, str] | None:
 
 def cleanup_stale_segments(namespace: str | None = None) -> list[str]:
     """Removes segments that no live process holds; returns their names."""
+
+def release_all_names() -> int:
+    """Unlinks the names of this process's channels that no other process holds."""

@@ -10,6 +10,7 @@ so passing one to a Ray actor connects there.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import pickle
 import time
@@ -50,6 +51,10 @@ _ASYNC_INLINE_BYTES = 1 << 20
 
 _T = TypeVar("_T")
 _executor: ThreadPoolExecutor | None = None
+
+# Objects alive at interpreter exit are not always destroyed, so release the
+# names of this process's segments explicitly (the last holder unlinks).
+atexit.register(_native.release_all_names)
 
 
 def _pool() -> ThreadPoolExecutor:

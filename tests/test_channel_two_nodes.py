@@ -1,0 +1,149 @@
+"""Two "nodes" on one machine: children forced onto the TCP path reach a
+channel homed in the parent through the parent's agent.
+
+The child processes get ``RLINF_CHANNEL_AGENT`` set, so every
+``Channel.connect`` in them goes through the agent over TCP, exactly as a
+process on another node would; payload bytes never touch their shared memory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlinf.core.channel import AGENT_ENV, Channel, ChannelAgent
+
+CTX = mp.get_context("spawn")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def agent() -> Iterator[ChannelAgent]:
+    a = ChannelAgent("127.0.0.1:0")
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+def _remote_env(agent: ChannelAgent) -> dict[str, str]:
+    # The agent address forces every Channel.connect in the child onto TCP.
+    return {AGENT_ENV: agent.address}
+
+
+def _run_with_env(env: dict[str, str], target, *args) -> mp.Process:  # type: ignore[no-untyped-def]
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    # Spawned children copy the parent's sys.path; the repo root lets them
+    # import this module (as `tests.test_channel_two_nodes`) for `target`.
+    sys.path.insert(0, str(REPO))
+    try:
+        proc = CTX.Process(target=target, args=args, daemon=True)
+        proc.start()
+    finally:
+        sys.path.remove(str(REPO))
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return proc
+
+
+def _echo_node(name: str, n: int) -> None:
+    ch = Channel.connect(name, timeout=10)
+    assert ch.address is not None, "the child must be on the TCP path"
+    for _ in range(n):
+        item = ch.get(key="to_child", timeout=30)
+        arr = item["data"]
+        arr += 1  # received arrays are writable
+        ch.put(
+            {"seq": item["seq"], "data": arr, "sum": float(arr.sum())}, key="to_parent", timeout=30
+        )
+    batch = ch.get_batch(3, key="weighted", timeout=30)
+    ch.put([x["w"] for x in batch], key="to_parent", timeout=30)
+
+
+def test_remote_node_roundtrips_arrays_in_order(agent: ChannelAgent) -> None:
+    name = f"two_nodes_{uuid.uuid4().hex[:8]}"
+    home = Channel.create(name, maxsize=4)
+    child = _run_with_env(_remote_env(agent), _echo_node, name, 50)
+    try:
+        rng = np.random.default_rng(0)
+        sent = []
+        for seq in range(50):
+            data = rng.random(rng.integers(1, 200_000))
+            sent.append(data)
+            home.put({"seq": seq, "data": data}, key="to_child", timeout=30)
+            reply = home.get(key="to_parent", timeout=30)
+            assert reply["seq"] == seq
+            np.testing.assert_array_equal(reply["data"], data + 1)
+            assert reply["sum"] == pytest.approx(float((data + 1).sum()))
+        for w in (1, 2, 3):
+            home.put({"w": w}, key="weighted", weight=w)
+        assert home.get(key="to_parent", timeout=30) == [1, 2]
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+
+
+def _stream_forever(name: str, done: mp.Value) -> None:  # type: ignore[valid-type]
+    ch = Channel.connect(name, timeout=10)
+    payload = np.zeros(1 << 20, dtype=np.int64)  # 8 MiB
+    seq = 0
+    while True:
+        payload.fill(seq)
+        ch.put({"seq": seq, "payload": payload}, timeout=30)
+        done.value = seq  # type: ignore[attr-defined]
+        seq += 1
+
+
+def test_remote_producer_killed_mid_transfer_leaves_no_torn_item(agent: ChannelAgent) -> None:
+    name = f"two_nodes_kill_{uuid.uuid4().hex[:8]}"
+    home = Channel.create(name, maxsize=2)
+    rng = np.random.default_rng(1)
+    for _round in range(5):
+        done = CTX.Value("q", -1)
+        child = _run_with_env(_remote_env(agent), _stream_forever, name, done)
+        received = []
+        try:
+            received.append(home.get(timeout=30)["seq"])
+            time.sleep(float(rng.uniform(0, 0.05)))
+            os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            child.join(10)
+            last_done = done.value  # type: ignore[attr-defined]
+            while True:
+                try:
+                    item = home.get(timeout=1.0)
+                except TimeoutError:
+                    break
+                assert (item["payload"] == item["seq"]).all(), "torn item"
+                received.append(item["seq"])
+                del item
+        finally:
+            if child.is_alive():
+                child.kill()
+        assert received == list(range(len(received))), "in order, nothing lost"
+        assert last_done <= received[-1] <= last_done + 1
+    # The agent withdrew the dead peer's reservation and freed its blocks.
+    deadline = time.monotonic() + 5
+    while home.stats()["writing_blocks"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = home.stats()
+    assert stats["writing_blocks"] == 0 and stats["leased_blocks"] == 0, stats
+
+
+def test_unreachable_agent_names_the_address() -> None:
+    with pytest.raises(OSError, match=r"cannot reach the channel agent at 127\.0\.0\.1:1"):
+        Channel.connect("nothing", address="127.0.0.1:1")
