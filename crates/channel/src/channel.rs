@@ -23,7 +23,7 @@ use std::fmt;
 use std::io;
 use std::mem::size_of;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -690,40 +690,68 @@ impl Inner {
     fn reclaim_dead_locked(&self) -> usize {
         let h = self.header();
         let n = h.n_blocks.load(Relaxed).min(self.geo.max_blocks);
+        let live_slots = self.live_slots_locked();
         let mut alive: HashMap<(u32, u64), bool> = HashMap::new();
         let mut reclaimed = 0;
         for b in 0..n {
             let m = self.meta(b);
             let st = m.state.load(Acquire);
-            if st != block_state::WRITING && st != block_state::LEASED {
+            if !matches!(
+                st,
+                block_state::WRITING | block_state::LEASED | block_state::QUEUED
+            ) {
                 continue;
             }
             let who = (m.owner_pid.load(Relaxed), m.owner_start.load(Relaxed));
-            if who.0 == 0 {
-                continue;
-            }
-            if *alive
-                .entry(who)
-                .or_insert_with(|| sys::process_alive(who.0, who.1))
+            if who.0 == 0
+                || *alive
+                    .entry(who)
+                    .or_insert_with(|| sys::process_alive(who.0, who.1))
             {
                 continue;
             }
-            if st == block_state::WRITING {
-                // Find the reserved slot pointing at it (if any) and tombstone it.
-                if let Some(published) =
-                    self.tombstone_reservation_locked(b, m.generation.load(Relaxed))
-                {
-                    if published {
-                        // Published just before death: it is a queued item, keep it.
+            let generation = m.generation.load(Relaxed);
+            match live_slots.get(&b) {
+                // Published (the producer may have died before marking the block).
+                Some(&(_, _, slot_state::READY, g)) if g == generation => {
+                    if st == block_state::WRITING {
                         m.state.store(block_state::QUEUED, Release);
-                        continue;
                     }
+                    continue;
                 }
+                // Reserved by a dead producer: never complete, skip it.
+                Some(&(lane, pos, slot_state::RESERVED, g)) if g == generation => {
+                    self.slot(lane, pos)
+                        .state
+                        .store(slot_state::TOMBSTONE, Release);
+                }
+                // Not in any lane: a dead consumer's lease, an abandoned
+                // reservation, or a leak.
+                _ => {}
             }
             self.free_locked(b);
             reclaimed += 1;
         }
         reclaimed
+    }
+
+    /// Block -> (lane, position, slot state, generation) for every slot
+    /// between a lane's head and tail.
+    fn live_slots_locked(&self) -> HashMap<u32, (u32, u64, u32, u32)> {
+        let mut live = HashMap::new();
+        for l in 0..self.geo.max_lanes {
+            let lane = self.lane(l);
+            if lane.in_use.load(Acquire) == 0 {
+                continue;
+            }
+            let (head, tail) = (lane.head.load(Acquire), lane.tail.load(Acquire));
+            for pos in head..tail.min(head + self.geo.lane_capacity as u64) {
+                let s = self.slot(l, pos);
+                let entry = (l, pos, s.state.load(Acquire), s.generation.load(Relaxed));
+                live.insert(s.block.load(Relaxed), entry);
+            }
+        }
+        live
     }
 
     /// Tombstones the `RESERVED` slot referencing block `b`; returns
@@ -1220,14 +1248,20 @@ impl Channel {
     /// Publishes a reserved, fully written message (the second half of a put).
     fn publish(&self, lane: u32, r: Reservation) {
         let inner = &*self.inner;
-        inner
-            .meta(r.block)
-            .state
-            .store(block_state::QUEUED, Release);
+        // The slot store is the commit. A producer killed right after it
+        // leaves a WRITING block behind a READY slot, which the liveness pass
+        // recognises as published (it marks the block QUEUED). The block
+        // update is a CAS because a consumer may already have leased it.
         inner
             .slot(lane, r.pos)
             .state
-            .store(slot_state::READY, Release); // publish
+            .store(slot_state::READY, Release);
+        let _ = inner.meta(r.block).state.compare_exchange(
+            block_state::WRITING,
+            block_state::QUEUED,
+            AcqRel,
+            Relaxed,
+        );
         inner.notify(&inner.lane(lane).not_empty);
     }
 

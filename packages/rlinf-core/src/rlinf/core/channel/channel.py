@@ -82,6 +82,21 @@ def _encode_key(key: Any) -> bytes:
     return b"b" + key
 
 
+_SIZE_LIMITS = {
+    "maxsize": (0, 1 << 24),
+    "max_keys": (1, 1 << 16),
+    "max_items": (1, 1 << 24),
+    "capacity_bytes": (1 << 16, 1 << 46),
+}
+
+
+def _check_sizes(**sizes: int) -> None:
+    for arg, value in sizes.items():
+        low, high = _SIZE_LIMITS[arg]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{arg} must be an integer in [{low}, {high}], got {value!r}")
+
+
 def _check_timeout(timeout: float | None) -> float | None:
     if timeout is not None and not (timeout >= 0):
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
@@ -124,7 +139,10 @@ class Channel:
         self._name = name
         self._namespace = namespace
         self._address = address
-        self._lanes: dict[Any, int] = {}
+        # Lane cache: str keys by value (the common case, no encoding cost);
+        # other keys by their encoding, so 1, True and 1.0 stay distinct keys.
+        self._str_lanes: dict[str, int] = {}
+        self._lanes: dict[bytes, int] = {}
 
     # ----- creation -------------------------------------------------------------
     @classmethod
@@ -164,8 +182,9 @@ class Channel:
             ValueError: For bad names or sizes (the message names the argument).
             rlinf.core._native.ChannelExists: If it exists and not ``exist_ok``.
         """
-        if maxsize < 0:
-            raise ValueError(f"maxsize must be >= 0 (0 = unbounded), got {maxsize}")
+        _check_sizes(
+            maxsize=maxsize, max_keys=max_keys, max_items=max_items, capacity_bytes=capacity_bytes
+        )
         namespace = namespace or default_namespace()
         lane_capacity = maxsize if maxsize > 0 else max_items
         sizes = (max_keys, lane_capacity, max(max_items, maxsize), capacity_bytes, maxsize)
@@ -256,10 +275,15 @@ class Channel:
         return bool(self._core.closed)
 
     def _lane(self, key: Any) -> int:
-        lane = self._lanes.get(key)
+        if type(key) is str:
+            lane = self._str_lanes.get(key)
+            if lane is None:
+                lane = self._str_lanes[key] = self._core.lane(_encode_key(key))
+            return lane
+        encoded = _encode_key(key)
+        lane = self._lanes.get(encoded)
         if lane is None:
-            lane = self._core.lane(_encode_key(key))
-            self._lanes[key] = lane
+            lane = self._lanes[encoded] = self._core.lane(encoded)
         return lane
 
     # ----- put ------------------------------------------------------------------
