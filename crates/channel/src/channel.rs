@@ -32,14 +32,13 @@ use crate::layout::{
     WaitWord, block_state, class_for, class_size, slot_state,
 };
 use crate::naming::{NameError, segment_name};
+use crate::spin;
 use crate::sys;
 
 /// Longest time one futex sleep lasts before conditions are re-checked.
 pub const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// Longest time we wait for the channel mutex.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a spinning waiter polls before sleeping (only when spinning pays off).
-const SPIN: Duration = Duration::from_micros(20);
 /// Segments younger than this are never removed by the janitor (creation race).
 const JANITOR_GRACE: Duration = Duration::from_secs(5);
 /// Message block magic.
@@ -505,6 +504,7 @@ impl Inner {
     }
 
     fn notify(&self, w: &WaitWord) {
+        w.last_cpu.store(spin::current_cpu(), Relaxed);
         w.seq.fetch_add(1, SeqCst);
         if w.waiters.load(SeqCst) > 0 {
             sys::futex_wake_all(&w.seq);
@@ -521,59 +521,46 @@ impl Inner {
     ) -> Result<T> {
         let mut nonblocking_error = nonblocking_error;
         loop {
-            for w in words {
-                w.waiters.fetch_add(1, SeqCst);
-            }
+            // Read the event counters before looking at the state: any change
+            // after the look bumps a counter, so it cannot be missed below.
             let seqs: Vec<u32> = words.iter().map(|w| w.seq.load(SeqCst)).collect();
-            let outcome = attempt(self);
-            let which = match outcome {
-                Ok(Attempt::Wait(i)) => i,
-                other => {
-                    for w in words {
-                        w.waiters.fetch_sub(1, SeqCst);
-                    }
-                    return other.map(|a| match a {
-                        Attempt::Done(v) => v,
-                        Attempt::Wait(_) => unreachable!(),
-                    });
-                }
+            let which = match attempt(self)? {
+                Attempt::Done(v) => return Ok(v),
+                Attempt::Wait(i) => i,
             };
-            let now = Instant::now();
-            let expired = deadline.is_some_and(|d| now >= d);
             if let Some(err) = nonblocking_error.take() {
-                for w in words {
-                    w.waiters.fetch_sub(1, SeqCst);
-                }
                 return Err(err);
             }
-            if expired {
-                for w in words {
-                    w.waiters.fetch_sub(1, SeqCst);
-                }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
                 return Err(ChannelError::Timeout);
             }
-            let slice = deadline.map_or(WAIT_SLICE, |d| (d - now).min(WAIT_SLICE));
             let word = words[which];
-            let mut woke = false;
-            if self.spin {
-                let spin_until = Instant::now() + SPIN;
-                while Instant::now() < spin_until {
-                    if word.seq.load(Acquire) != seqs[which] {
-                        woke = true;
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
+            let seen = seqs[which];
+            // Phase 1: spin, not registered as a waiter, so a producer that
+            // finds nobody asleep skips its wake-up syscall.
+            let mut colocated = self.spin && word.last_cpu.load(Relaxed) == spin::current_cpu();
+            if colocated {
+                // Moving away makes spinning useful again.
+                colocated = !spin::colocated_wait();
+            } else {
+                spin::not_colocated();
             }
-            if !woke {
-                let started = Instant::now();
-                sys::futex_wait(&word.seq, seqs[which], slice);
-                woke = started.elapsed() < slice;
+            if spin::spin_until_changed(&word.seq, seen, self.spin && !colocated) {
+                continue;
             }
-            for w in words {
-                w.waiters.fetch_sub(1, SeqCst);
+            // Phase 2: register, re-check, sleep for at most one slice.
+            word.waiters.fetch_add(1, SeqCst);
+            if word.seq.load(SeqCst) != seen {
+                word.waiters.fetch_sub(1, SeqCst);
+                continue;
             }
-            if !woke {
+            let slice = deadline.map_or(WAIT_SLICE, |d| (d - now).min(WAIT_SLICE));
+            let started = Instant::now();
+            spin::counters::SLEEPS.fetch_add(1, Relaxed);
+            sys::futex_wait(&word.seq, seen, slice);
+            word.waiters.fetch_sub(1, SeqCst);
+            if started.elapsed() >= slice {
                 // A full slice passed with no event: a peer may have died.
                 self.reclaim_dead()?;
             }
@@ -960,7 +947,7 @@ impl Channel {
             fd,
             map,
             geo,
-            spin: sys::spinning_pays_off(),
+            spin: spin::supported(),
         };
         let h = inner.header();
         h.layout_version.store(LAYOUT_VERSION, Relaxed);
@@ -1018,7 +1005,7 @@ impl Channel {
                             fd,
                             map,
                             geo,
-                            spin: sys::spinning_pays_off(),
+                            spin: spin::supported(),
                         };
                         return Ok(register(inner));
                     }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// Segment magic: "RLCHAN01" as little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RLCHAN01");
 /// Bumped on any change to the structs in this file.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Longest lane key, in bytes.
 pub const KEY_MAX: usize = 120;
 /// Number of arena size classes (see [`class_size`]).
@@ -62,6 +62,9 @@ pub struct WaitWord {
     pub seq: AtomicU32,
     /// Number of processes sleeping (or about to) on `seq`.
     pub waiters: AtomicU32,
+    /// CPU (plus one; 0 = unknown) the last notifier ran on: a waiter on the
+    /// same CPU does not spin, it would only delay that notifier.
+    pub last_cpu: AtomicU32,
 }
 
 /// Segment header. Allocator fields are only touched under `mutex`.

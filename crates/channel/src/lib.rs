@@ -6,6 +6,7 @@
 //! - [`transport`]: the node-transport contract (one-sided writes/reads) and its TCP backend.
 //! - [`agent`], [`remote`], [`protocol`], [`wire`]: the per-node agent that serves
 //!   channels to other nodes, its client, and their control messages.
+//! - [`spin`]: the adaptive spin-then-sleep policy of waiters.
 //! - `sys` (private): audited wrappers over shm, mmap, flock, futex, liveness.
 //!
 //! The core is plain Rust; the Python bindings live in `python` behind the
@@ -17,6 +18,7 @@ pub mod layout;
 pub mod naming;
 pub mod protocol;
 pub mod remote;
+pub mod spin;
 mod sys;
 pub mod transport;
 pub mod wire;

@@ -671,6 +671,12 @@ fn release_all_names() -> usize {
     crate::channel::release_all_names()
 }
 
+/// Counters of how this process's channel waits went (spins, sleeps, skips).
+#[pyfunction]
+fn wait_stats() -> std::collections::HashMap<&'static str, u64> {
+    crate::spin::stats().into_iter().collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -679,6 +685,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_segment_name, m)?)?;
     m.add_function(wrap_pyfunction!(cleanup_stale_segments, m)?)?;
     m.add_function(wrap_pyfunction!(release_all_names, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;

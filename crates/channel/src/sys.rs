@@ -215,24 +215,6 @@ pub fn process_alive(pid: u32, start: u64) -> bool {
     }
 }
 
-/// Whether waiters should spin before sleeping: not on machines with two or
-/// fewer CPUs, nor when the 1-minute load average reaches the CPU count.
-pub fn spinning_pays_off() -> bool {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus <= 2 {
-        return false;
-    }
-    let load = fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|x| x.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
-    load < cpus as f64
-}
-
 /// Outcome of taking the robust mutex.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LockState {

@@ -172,11 +172,11 @@ def test_producer_killed_between_the_publish_stores_does_not_wedge_the_key(
     proc.join(WAIT_S)
     assert proc.exitcode == 0
     # Fault injection: undo one of the two publish stores of the finished put,
-    # as a SIGKILL between them would leave it (layout.rs, version 1). The
+    # as a SIGKILL between them would leave it (layout.rs, version 2). The
     # current order leaves slot READY + block WRITING; the older order left
     # slot RESERVED + block QUEUED. Both must heal.
     with open(segment(channel_name), "r+b") as f, mmap.mmap(f.fileno(), 0) as shm:
-        assert shm[0:8] == b"RLCHAN01" and struct.unpack_from("<I", shm, 8)[0] == 1
+        assert shm[0:8] == b"RLCHAN01" and struct.unpack_from("<I", shm, 8)[0] == 2
         slots_off, blocks_off = struct.unpack_from("<QQ", shm, 48)
         assert struct.unpack_from("<I", shm, slots_off)[0] == 2  # READY
         block = struct.unpack_from("<I", shm, slots_off + 4)[0]

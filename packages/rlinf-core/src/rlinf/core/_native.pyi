@@ -127,3 +127,6 @@ def cleanup_stale_segments(namespace: str | None = None) -> list[str]:
 
 def release_all_names() -> int:
     """Unlinks the names of this process's channels that no other process holds."""
+
+def wait_stats() -> dict[str, int]:
+    """Counters of this process's channel waits: spin hits/misses, skips, sleeps."""

@@ -57,6 +57,14 @@ _executor: ThreadPoolExecutor | None = None
 atexit.register(_native.release_all_names)
 
 
+def _print_wait_stats() -> None:
+    print(f"[rlinf.channel pid {os.getpid()}] waits: {_native.wait_stats()}")
+
+
+if os.environ.get("RLINF_CHANNEL_DEBUG_WAITS"):
+    atexit.register(_print_wait_stats)
+
+
 def _pool() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
@@ -300,6 +308,13 @@ class Channel:
         """
         header, buffers = dumps(item)
         lane = self._lane(key)
+        if timeout is None:  # the hot path: no deadline bookkeeping
+            put = self._core.put
+            while True:
+                try:
+                    return put(lane, header, buffers, weight, _SLICE_S, False)
+                except TimeoutError:
+                    continue
         _sliced(
             lambda t: self._core.put(lane, header, buffers, weight, t, False),
             _check_timeout(timeout),
@@ -326,6 +341,14 @@ class Channel:
             ChannelClosed: If the channel is closed and the key drained.
         """
         lane = self._lane(key)
+        if timeout is None:  # the hot path: no deadline bookkeeping
+            get = self._core.get
+            while True:
+                try:
+                    message = get(lane, _SLICE_S, False)
+                except TimeoutError:
+                    continue
+                return loads(*message)
         header, views = _sliced(lambda t: self._core.get(lane, t, False), _check_timeout(timeout))
         return loads(header, views)
 

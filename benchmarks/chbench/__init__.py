@@ -1,0 +1,1 @@
+"""Harness of the channel benchmarks: payloads, transports, measurement (see ../README.md)."""
