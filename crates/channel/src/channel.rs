@@ -388,6 +388,16 @@ impl Lease {
     }
 }
 
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("block", &self.block)
+            .field("generation", &self.generation)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         self.inner.release(self.block, self.generation);
