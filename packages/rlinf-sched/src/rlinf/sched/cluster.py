@@ -1,0 +1,289 @@
+"""``Cluster``: attach to (or start) Ray, find the nodes, their ranks and accelerators.
+
+A user program builds one ``Cluster``; worker groups are then placed on it.
+The same call in a worker process attaches to the running cluster instead
+of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from types import TracebackType
+from typing import Any
+
+# Under `uv run`, Ray starts every worker through `uv run` with the project as
+# working_dir, which costs ~25 s per worker process. RLinf workers use this
+# interpreter and environment instead. Ray reads the switch when it is first
+# imported, so set it before that; export RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 to
+# get Ray's behaviour.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+import ray
+
+from rlinf.core.channel import cleanup_stale_segments, default_namespace
+from rlinf.core.logging import get_logger
+from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
+
+__all__ = ["NODE_RANK_ENV", "RAY_NAMESPACE", "Cluster", "ClusterError"]
+
+NODE_RANK_ENV = "RLINF_NODE_RANK"
+"""Set before ``ray start`` on each node to fix its node rank."""
+
+RAY_NAMESPACE = "rlinf"
+"""Ray namespace of RLinf's named actors."""
+
+_log = get_logger("rlinf.sched.cluster")
+
+
+class ClusterError(RuntimeError):
+    """The cluster is not what the program asked for (nodes missing, bad ranks...)."""
+
+
+@ray.remote(num_cpus=0)
+def _probe_node() -> dict[str, Any]:
+    """Runs on one node: reports what the node's workers will see."""
+    return {
+        "node_rank": os.environ.get(NODE_RANK_ENV),
+        "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        "node_id": ray.get_runtime_context().get_node_id(),
+    }
+
+
+class Cluster:
+    """The Ray cluster an RLinf program runs on.
+
+    Args:
+        num_nodes: Nodes the program needs; waits (up to ``timeout``) until
+            that many have joined. None = whatever is there.
+        cluster_cfg: The ``cluster`` config section (a mapping or model with
+            optional ``cpu_slots_per_node``); None for defaults.
+        address: Ray address to attach to; default ``$RAY_ADDRESS``, then
+            ``"auto"`` (a cluster started with ``ray start`` on this machine),
+            else a new local cluster is started.
+        timeout: Seconds to wait for nodes and probes.
+        num_cpus: CPUs of a newly started local cluster (default: all).
+
+    Raises:
+        ClusterError: If nodes are missing after ``timeout``, or node ranks
+            are duplicated or out of range.
+
+    Example::
+
+        with Cluster(num_nodes=1) as cluster:
+            print(cluster.info.num_nodes, cluster.info.num_accelerators)
+    """
+
+    def __init__(
+        self,
+        num_nodes: int | None = None,
+        cluster_cfg: Any = None,
+        *,
+        address: str | None = None,
+        timeout: float = 60.0,
+        num_cpus: int | None = None,
+    ) -> None:
+        if num_nodes is not None and num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1 (or None), got {num_nodes}")
+        self._owns_ray = False
+        self._closed = False
+        if not ray.is_initialized():
+            self._owns_ray = _connect_or_start(address, num_cpus)
+        self._timeout = timeout
+        nodes = self._wait_for_nodes(num_nodes, timeout)
+        slots = int(_get(cluster_cfg, "cpu_slots_per_node", 0) or 0)
+        if slots < 0:
+            raise ValueError(f"cluster.cpu_slots_per_node must be >= 0, got {slots}")
+        self.info = _build_info(nodes, slots)
+        _log.info(
+            "cluster: %d node(s), %d accelerator(s)%s",
+            self.info.num_nodes,
+            self.info.num_accelerators,
+            " (started locally)" if self._owns_ray else "",
+        )
+
+    # ----- discovery --------------------------------------------------------------
+    def _wait_for_nodes(self, num_nodes: int | None, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+            if num_nodes is None or len(alive) >= num_nodes:
+                break
+            if time.monotonic() >= deadline:
+                ips = ", ".join(sorted(n.get("NodeManagerAddress", "?") for n in alive))
+                raise ClusterError(
+                    f"waited {timeout:.0f} s for {num_nodes} nodes but {len(alive)} joined "
+                    f"({ips}); start the others with `{NODE_RANK_ENV}=<rank> ray start "
+                    f"--address=<head>:6379`, or lower cluster.num_nodes"
+                )
+            time.sleep(0.5)
+        probes = self._probe(alive, deadline)
+        return _assign_ranks(alive, probes, num_nodes)
+
+    def _probe(self, alive: list[dict[str, Any]], deadline: float) -> dict[str, dict[str, Any]]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        refs = {
+            n["NodeID"]: _probe_node.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote()
+            for n in alive
+        }
+        remaining = max(1.0, deadline - time.monotonic())
+        try:
+            results = ray.get(list(refs.values()), timeout=remaining)
+        except ray.exceptions.GetTimeoutError:
+            raise ClusterError(
+                f"could not run a probe on every node within {remaining:.0f} s "
+                "(is a node out of resources or unreachable?)"
+            ) from None
+        return dict(zip(refs, results, strict=True))
+
+    # ----- lifetime ---------------------------------------------------------------
+    @property
+    def owns_ray(self) -> bool:
+        """Whether this object started Ray (and so stops it on shutdown)."""
+        return self._owns_ray
+
+    def shutdown(self) -> None:
+        """Stops Ray if this object started it, and removes stale channel segments.
+
+        Idempotent. A ``Cluster`` that attached to a running Ray leaves it running.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+        removed = cleanup_stale_segments(default_namespace())
+        if removed:
+            _log.info("removed %d stale channel segment(s)", len(removed))
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"Cluster(num_nodes={self.info.num_nodes}, "
+            f"accelerators={self.info.num_accelerators}, owns_ray={self._owns_ray})"
+        )
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _connect_or_start(address: str | None, num_cpus: int | None) -> bool:
+    """Attaches to a running Ray or starts a local one; returns True if started."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "0":
+        # Ray was imported before this module: apply the switch (see the top).
+        from ray._private import ray_constants
+
+        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+    common: dict[str, Any] = {"namespace": RAY_NAMESPACE, "log_to_driver": True}
+    if address:
+        ray.init(address=address, **common)
+        return False
+    # `ray start` on this machine records its address in this file; "auto"
+    # is only worth trying if that address answers (otherwise it retries
+    # for ~20 s, and the file outlives the cluster).
+    if _local_ray_running():
+        try:
+            ray.init(address="auto", **common)
+            return False
+        except ConnectionError:
+            pass
+    ray.init(include_dashboard=False, num_cpus=num_cpus, **common)
+    return True
+
+
+def _local_ray_running() -> bool:
+    path = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    try:
+        with open(path) as f:
+            host, _, port = f.read().strip().rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _assign_ranks(
+    alive: list[dict[str, Any]], probes: dict[str, dict[str, Any]], num_nodes: int | None
+) -> list[dict[str, Any]]:
+    """Orders nodes by ``RLINF_NODE_RANK``, or derives ranks (head first, then by IP)."""
+    nodes = []
+    for n in alive:
+        p = probes[n["NodeID"]]
+        nodes.append({**n, "probe": p})
+    given = [n["probe"]["node_rank"] for n in nodes]
+    if any(r is not None for r in given):
+        if any(r is None for r in given):
+            missing = [n["NodeManagerAddress"] for n in nodes if n["probe"]["node_rank"] is None]
+            raise ClusterError(
+                f"{NODE_RANK_ENV} is set on some nodes but not on {', '.join(missing)}; "
+                "set it on every node before `ray start`, or on none"
+            )
+        try:
+            ranks = [int(r) for r in given]
+        except ValueError:
+            raise ClusterError(
+                f"{NODE_RANK_ENV} must be an integer on every node, got {given}"
+            ) from None
+        if sorted(ranks) != list(range(len(ranks))):
+            raise ClusterError(
+                f"{NODE_RANK_ENV} values {sorted(ranks)} must be 0..{len(ranks) - 1}, "
+                "each exactly once"
+            )
+        nodes.sort(key=lambda n: int(n["probe"]["node_rank"]))
+    else:
+        head = ray.get_runtime_context().get_node_id()
+        nodes.sort(key=lambda n: (n["NodeID"] != head, n["NodeManagerAddress"], n["NodeID"]))
+    if num_nodes is not None and len(nodes) > num_nodes:
+        _log.warning("cluster has %d nodes; using the first %d", len(nodes), num_nodes)
+        nodes = nodes[:num_nodes]
+    return nodes
+
+
+def _build_info(nodes: list[dict[str, Any]], cpu_slots_per_node: int) -> ClusterInfo:
+    infos = []
+    for rank, n in enumerate(nodes):
+        res = n.get("Resources", {})
+        model = next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), "")
+        gpus = int(res.get("GPU", 0))
+        infos.append(
+            NodeInfo(
+                node_rank=rank,
+                num_accelerators=gpus,
+                accelerator_model=f"NV_GPU:{model}" if gpus else "",
+                num_cpus=int(res.get("CPU", 0)),
+                ip=n["probe"]["ip"],
+                ray_node_id=n["NodeID"],
+            )
+        )
+    all_ranks = tuple(range(len(infos)))
+    has_acc = any(i.num_accelerators for i in infos)
+    groups = {
+        "cluster": NodeGroupInfo(
+            "cluster", all_ranks, hardware_type="Accelerator" if has_acc else None
+        ),
+        "node": NodeGroupInfo("node", all_ranks, ignore_hardware=True),
+    }
+    return ClusterInfo(
+        nodes=tuple(infos), node_groups=groups, cpu_slots_per_node=cpu_slots_per_node
+    )
