@@ -1,15 +1,25 @@
 """RLinf scheduler: Cluster, Worker, WorkerGroup, placement and p2p communication on Ray.
 
 Available now: :class:`Cluster` (start or attach to Ray, node ranks,
-accelerators) and the placement layer (:mod:`rlinf.sched.placement`, pure
-logic over :class:`ClusterInfo`). Workers, groups and point-to-point
-communication land with the rest of the scheduler issue.
+accelerators), the placement layer (:mod:`rlinf.sched.placement`, pure
+logic over :class:`ClusterInfo`), and :class:`Worker` / :class:`WorkerGroup`
+(one actor per placement, group calls returning futures, errors naming the
+rank). Point-to-point communication, device locks and offload land with the
+rest of the scheduler issue.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from rlinf.sched.cluster import NODE_RANK_ENV, Cluster, ClusterError
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
+from rlinf.sched.placement import (
+    ComponentPlacement,
+    FlexiblePlacementStrategy,
+    HybridComponentPlacement,
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+)
+from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
 
 try:
     __version__ = version("rlinf-sched")
@@ -21,7 +31,17 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterInfo",
+    "ComponentPlacement",
+    "FlexiblePlacementStrategy",
+    "GroupFuture",
+    "HybridComponentPlacement",
     "NodeGroupInfo",
     "NodeInfo",
+    "NodePlacementStrategy",
+    "PackedPlacementStrategy",
+    "Worker",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerGroup",
     "__version__",
 ]

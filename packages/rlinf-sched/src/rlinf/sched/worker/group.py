@@ -1,0 +1,257 @@
+"""``WorkerGroup``: one Ray actor per placement, and group calls with futures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
+from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
+from rlinf.sched.worker.worker import Worker
+
+__all__ = ["GroupFuture", "WorkerDiedError", "WorkerError", "WorkerGroup"]
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Default bound of ``GroupFuture.wait()`` when no timeout is given."""
+
+
+class WorkerError(RuntimeError):
+    """A rank raised: the message names the group, the rank and the remote traceback."""
+
+    def __init__(self, group: str, rank: int, detail: str) -> None:
+        super().__init__(f"{group}[rank {rank}] raised:\n{detail}")
+        self.group, self.rank = group, rank
+
+
+class WorkerDiedError(WorkerError):
+    """A rank's process died (killed, crashed or out of memory)."""
+
+    def __init__(self, group: str, rank: int, detail: str) -> None:
+        RuntimeError.__init__(self, f"{group}[rank {rank}] died: {detail}")
+        self.group, self.rank = group, rank
+
+
+class GroupFuture:
+    """The pending results of one group call, one per rank (in rank order)."""
+
+    def __init__(self, group: str, ranks: Sequence[int], refs: Sequence[Any], method: str) -> None:
+        self._group, self._ranks, self._refs, self._method = group, list(ranks), list(refs), method
+
+    def done(self) -> bool:
+        """Whether every rank has finished (successfully or not)."""
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        return len(ready) == len(self._refs)
+
+    def wait(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[Any]:
+        """Results in rank order.
+
+        Args:
+            timeout: Seconds to wait; None waits without a bound (a dead rank
+                still ends the wait: Ray reports it within seconds).
+
+        Raises:
+            WorkerError: The first rank (in rank order) that raised.
+            WorkerDiedError: A rank whose process died.
+            TimeoutError: Naming the ranks still running.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = list(self._refs)
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # One completion at a time, so a failed or dead rank surfaces at
+            # once instead of after the slowest rank.
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in ready:
+                self._get(ref)
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                # Collect everything that has finished before giving up.
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                for ref in ready:
+                    self._get(ref)
+                if not pending:
+                    break
+                ranks = [self._ranks[self._refs.index(r)] for r in pending]
+                raise TimeoutError(
+                    f"{self._group}.{self._method}() still running on ranks {ranks} after "
+                    f"{timeout} s; pass a larger timeout to wait()"
+                )
+        return [self._get(ref) for ref in self._refs]
+
+    def _get(self, ref: Any) -> Any:
+        rank = self._ranks[self._refs.index(ref)]
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as err:
+            raise WorkerError(self._group, rank, str(err)) from None
+        except ray.exceptions.RayActorError as err:
+            raise WorkerDiedError(self._group, rank, str(err).splitlines()[0]) from None
+
+    def __await__(self) -> Generator[Any, None, list[Any]]:
+        async def poll() -> list[Any]:
+            while not self.done():
+                await asyncio.sleep(0.01)
+            return self.wait(timeout=0)
+
+        return poll().__await__()
+
+
+class WorkerGroup:
+    """Ranks of one worker class; calling a worker method runs it on every rank.
+
+    ``group.method(*args)`` returns a :class:`GroupFuture` at once;
+    ``group.execute_on(0, 2).method(...)`` limits that one call to ranks 0 and 2.
+    """
+
+    def __init__(self, cls: type[Worker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An unlaunched group; see :meth:`Worker.create_group`."""
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"{cls!r} must be a subclass of rlinf.sched.Worker")
+        self._cls, self._args, self._kwargs = cls, args, kwargs
+        self._actors: list[Any] = []
+        self._placements: list[Placement] = []
+        self._name = ""
+        self._only: list[int] | None = None
+
+    def launch(
+        self,
+        cluster: Cluster,
+        placement_strategy: Any = None,
+        name: str | None = None,
+        num_cpus: float = 0.0,
+        timeout: float = 120.0,
+    ) -> WorkerGroup:
+        """Starts one actor per placement, pinned to its node; waits until all are up.
+
+        Args:
+            cluster: The cluster.
+            placement_strategy: Where the ranks go; default one rank per
+                accelerator, or one rank on node 0 of a CPU cluster.
+            name: Group name (unique; no ``:``); default ``<ClassName>``.
+            num_cpus: CPUs Ray reserves per rank. 0 (default) lets many light
+                workers share a small machine; reserve CPUs for heavy ones.
+            timeout: Seconds to wait for every rank's constructor.
+
+        Raises:
+            ValueError: Bad name or empty placement.
+            WorkerError: A constructor raised (names the rank).
+        """
+        name = name or self._cls.__name__
+        if ":" in name or not name:
+            raise ValueError(f"group name {name!r} must be non-empty and contain no ':'")
+        if self._actors:
+            raise RuntimeError(f"group {self._name!r} is already launched")
+        info = cluster.info
+        if placement_strategy is None:
+            placement_strategy = (
+                PackedPlacementStrategy(0, info.num_accelerators - 1)
+                if info.num_accelerators
+                else NodePlacementStrategy([0])
+            )
+        placements = placement_strategy.get_placement(info)
+        if not placements:
+            raise ValueError(f"placement strategy {placement_strategy!r} gave no placements")
+        master = info.nodes[placements[0].node_rank]
+        master_port = _free_port()
+        group_nodes = sorted({p.node_rank for p in placements})
+        actors = []
+        for p in placements:
+            node = info.nodes[p.node_rank]
+            env = {
+                "GROUP_NAME": name,
+                "RANK": str(p.rank),
+                "WORLD_SIZE": str(len(placements)),
+                "LOCAL_RANK": str(p.local_rank),
+                "LOCAL_WORLD_SIZE": str(p.local_world_size),
+                "NODE_RANK": str(group_nodes.index(p.node_rank)),
+                "CLUSTER_NODE_RANK": str(p.node_rank),
+                "MASTER_ADDR": master.ip,
+                "MASTER_PORT": str(master_port),
+                **node.env_vars,
+            }
+            if p.local_accelerator_ids:
+                env["CUDA_VISIBLE_DEVICES"] = p.visible_devices
+                env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+            options: dict[str, Any] = {
+                "name": f"{name}:{p.rank}",
+                "namespace": RAY_NAMESPACE,
+                "num_cpus": num_cpus,
+                "num_gpus": 0,
+                "runtime_env": {"env_vars": env},
+                "max_concurrency": 8,
+            }
+            if node.ray_node_id:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    node.ray_node_id, soft=False
+                )
+            actor_cls = ray.remote(self._cls)
+            actors.append(actor_cls.options(**options).remote(*self._args, **self._kwargs))
+        self._actors, self._placements, self._name = actors, placements, name
+        self._call("ping", (), {}, list(range(len(actors)))).wait(timeout=timeout)
+        return self
+
+    # ----- calls --------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """Group name."""
+        return self._name
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self._actors)
+
+    @property
+    def placements(self) -> list[Placement]:
+        """Where each rank runs."""
+        return list(self._placements)
+
+    def execute_on(self, *ranks: int) -> WorkerGroup:
+        """Limits the next call to ``ranks``."""
+        bad = [r for r in ranks if not 0 <= r < len(self._actors)]
+        if bad or not ranks:
+            raise ValueError(
+                f"execute_on ranks {list(ranks)} must be in 0..{len(self._actors) - 1}"
+            )
+        self._only = list(ranks)
+        return self
+
+    def _call(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], ranks: list[int]
+    ) -> GroupFuture:
+        refs = [getattr(self._actors[r], method).remote(*args, **kwargs) for r in ranks]
+        return GroupFuture(self._name, ranks, refs, method)
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        if not callable(getattr(self._cls, method, None)):
+            raise AttributeError(f"{self._cls.__name__} has no method {method!r}")
+        if not self._actors:
+            raise RuntimeError(f"launch the group before calling {method}()")
+
+        def call(*args: Any, **kwargs: Any) -> GroupFuture:
+            ranks = self._only if self._only is not None else list(range(len(self._actors)))
+            self._only = None
+            return self._call(method, args, kwargs, ranks)
+
+        return call
+
+    def shutdown(self) -> None:
+        """Kills every rank's actor (idempotent)."""
+        for actor in self._actors:
+            with contextlib.suppress(Exception):  # already dead is fine
+                ray.kill(actor)
+        self._actors = []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
