@@ -751,41 +751,15 @@ impl Inner {
         live
     }
 
-    /// Tombstones the `RESERVED` slot referencing block `b`; returns
-    /// `Some(true)` if the slot turned out to be `READY`, `Some(false)` if it
-    /// was tombstoned, `None` if no slot references it.
-    fn tombstone_reservation_locked(&self, b: u32, generation: u32) -> Option<bool> {
-        for l in 0..self.geo.max_lanes {
-            let lane = self.lane(l);
-            if lane.in_use.load(Acquire) == 0 {
-                continue;
-            }
-            let (head, tail) = (lane.head.load(Acquire), lane.tail.load(Acquire));
-            for pos in head..tail.min(head + self.geo.lane_capacity as u64) {
-                let s = self.slot(l, pos);
-                if s.block.load(Relaxed) == b && s.generation.load(Relaxed) == generation {
-                    let st = s.state.load(Acquire);
-                    if st == slot_state::READY {
-                        return Some(true);
-                    }
-                    if st == slot_state::RESERVED {
-                        s.state.store(slot_state::TOMBSTONE, Release);
-                        return Some(false);
-                    }
-                }
-            }
-        }
-        None
-    }
-
     /// Rebuilds derived state after a lock holder died mid-section.
     fn repair_locked(&self) {
         let h = self.header();
         let max_blocks = self.geo.max_blocks;
         let n = h.n_blocks.load(Relaxed).min(max_blocks);
         h.n_blocks.store(n, Relaxed);
-        // 1. Lane positions and the blocks their live slots reference.
-        let mut referenced = vec![0u32; n as usize];
+        // 1. Lane positions and the blocks their live slots reference:
+        //    block -> (lane, position, slot state).
+        let mut referenced: Vec<Option<(u32, u64, u32)>> = vec![None; n as usize];
         for l in 0..self.geo.max_lanes {
             let lane = self.lane(l);
             if lane.in_use.load(Acquire) == 0 {
@@ -804,7 +778,7 @@ impl Inner {
                     b < n && s.generation.load(Relaxed) == self.meta(b).generation.load(Relaxed);
                 match st {
                     slot_state::READY | slot_state::RESERVED if valid => {
-                        referenced[b as usize] = st
+                        referenced[b as usize] = Some((l, pos, st))
                     }
                     slot_state::TOMBSTONE => {}
                     _ => s.state.store(slot_state::TOMBSTONE, Relaxed),
@@ -825,10 +799,15 @@ impl Inner {
             let who = (m.owner_pid.load(Relaxed), m.owner_start.load(Relaxed));
             let owner_alive = who.0 != 0 && sys::process_alive(who.0, who.1);
             match referenced[b as usize] {
-                slot_state::READY => m.state.store(block_state::QUEUED, Relaxed),
-                slot_state::RESERVED if owner_alive => m.state.store(block_state::WRITING, Relaxed),
-                slot_state::RESERVED => {
-                    self.tombstone_reservation_locked(b, m.generation.load(Relaxed));
+                Some((_, _, slot_state::READY)) => m.state.store(block_state::QUEUED, Relaxed),
+                Some((_, _, slot_state::RESERVED)) if owner_alive => {
+                    m.state.store(block_state::WRITING, Relaxed)
+                }
+                Some((lane, pos, slot_state::RESERVED)) => {
+                    // Reserved by a dead producer: never complete, skip it.
+                    self.slot(lane, pos)
+                        .state
+                        .store(slot_state::TOMBSTONE, Relaxed);
                     m.state.store(block_state::FREE, Relaxed);
                 }
                 _ => {
@@ -1269,6 +1248,15 @@ impl Channel {
         let mut pending = self.reserve_put(lane, total, 0, Some(Duration::from_secs(5)), false)?;
         pending.block_mut()[..total as usize / 2].fill(0xAB);
         std::mem::forget(pending);
+        Ok(())
+    }
+
+    /// Test hook: takes the channel lock and holds it for `hold`, as a process
+    /// killed inside a critical section would leave it.
+    #[doc(hidden)]
+    pub fn debug_hold_lock(&self, hold: Duration) -> Result<()> {
+        let _g = self.inner.lock()?;
+        std::thread::sleep(hold);
         Ok(())
     }
 

@@ -290,7 +290,12 @@ fn bad_options_and_keys_are_explained() {
 // ---------- multi-process tests ----------
 
 fn spawn_child(role: &str, name: &str) -> Child {
+    spawn_child_with(role, name, &[])
+}
+
+fn spawn_child_with(role: &str, name: &str, env: &[(&str, &str)]) -> Child {
     Command::new(std::env::current_exe().unwrap())
+        .envs(env.iter().copied())
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("RLINF_TEST_CHILD", role)
         .env("RLINF_TEST_NS", ns())
@@ -323,6 +328,14 @@ fn child_entry() {
         "reserve-and-hang" => {
             ch.debug_reserve_without_publish(l, 10_000).unwrap();
             put_bytes(&ch, ch.lane(b"ready").unwrap(), b"reserved", 0);
+        }
+        "lock-and-hang" => {
+            let ch2 = ch.clone();
+            thread::spawn(move || ch2.debug_hold_lock(Duration::from_secs(60)));
+            thread::sleep(Duration::from_millis(100));
+            // Signal through a lock-free path: the segment's key table is
+            // read without the lock, so creating a lane would block; use a file.
+            std::fs::write(std::env::var("RLINF_TEST_FLAG").unwrap(), b"locked").unwrap();
         }
         "lease-and-hang" => {
             let lease = ch.get(l, Some(Duration::from_secs(5)), false).unwrap();
@@ -479,4 +492,37 @@ fn exit_hook_releases_names_nobody_else_holds() {
     assert!(rlinf_channel::release_all_names() >= 1);
     assert!(!std::path::Path::new(&path).exists());
     drop((ch, other));
+}
+
+#[test]
+fn a_process_killed_while_holding_the_lock_does_not_wedge_the_channel() {
+    let name = unique("kill-lock");
+    let ch = Channel::create(&ns(), &name, small()).unwrap();
+    let l = ch.lane(b"k").unwrap();
+    put_bytes(&ch, l, b"before", 0);
+    let flag = std::env::temp_dir().join(format!("{name}.flag"));
+    let _ = std::fs::remove_file(&flag);
+    let mut child = spawn_child_with(
+        "lock-and-hang",
+        &name,
+        &[("RLINF_TEST_FLAG", flag.to_str().unwrap())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !flag.exists() {
+        assert!(Instant::now() < deadline, "child never took the lock");
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // dies inside the critical section
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&flag);
+    // The next locker gets EOWNERDEAD, repairs, and the channel works on.
+    assert_eq!(get_bytes(&ch, l), b"before");
+    put_bytes(&ch, l, b"after", 0);
+    assert_eq!(get_bytes(&ch, l), b"after");
+    let s = ch.stats().unwrap();
+    assert_eq!(
+        s.leased_blocks + s.writing_blocks + s.queued_blocks,
+        0,
+        "{s:?}"
+    );
 }
