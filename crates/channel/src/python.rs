@@ -263,6 +263,161 @@ impl Borrowed {
     }
 }
 
+/// What the Python classes need from a channel handle, local or remote.
+trait Backend: Sync {
+    fn put_msg(
+        &self,
+        lane: u32,
+        header: &[u8],
+        buffers: &[&[u8]],
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<()>;
+    /// One message (`target == 0`) or a weighted batch.
+    fn take_msgs(
+        &self,
+        lane: u32,
+        target: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<Vec<Backing>>;
+    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool>;
+}
+
+impl Backend for Channel {
+    fn put_msg(
+        &self,
+        lane: u32,
+        header: &[u8],
+        buffers: &[&[u8]],
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<()> {
+        self.put(lane, header, buffers, weight, timeout, nonblocking)
+    }
+
+    fn take_msgs(
+        &self,
+        lane: u32,
+        target: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<Vec<Backing>> {
+        let leases = if target == 0 {
+            vec![self.get(lane, timeout, nonblocking)?]
+        } else {
+            self.get_batch(lane, target, timeout)?
+        };
+        Ok(leases.into_iter().map(Backing::Lease).collect())
+    }
+
+    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool> {
+        self.wait_readable(lane, timeout)
+    }
+}
+
+impl Backend for RemoteChannel {
+    fn put_msg(
+        &self,
+        lane: u32,
+        header: &[u8],
+        buffers: &[&[u8]],
+        weight: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<()> {
+        self.put(lane, header, buffers, weight, timeout, nonblocking)
+    }
+
+    fn take_msgs(
+        &self,
+        lane: u32,
+        target: i64,
+        timeout: Option<Duration>,
+        nonblocking: bool,
+    ) -> crate::channel::Result<Vec<Backing>> {
+        let images = self.take(lane, target, timeout, nonblocking)?;
+        Ok(images
+            .into_iter()
+            .map(|i| Backing::Owned(i.into_boxed_slice()))
+            .collect())
+    }
+
+    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool> {
+        self.wait_readable(lane, timeout)
+    }
+}
+
+fn py_put(
+    backend: &impl Backend,
+    py: Python<'_>,
+    lane: u32,
+    header: &Bound<'_, PyAny>,
+    buffers: &[Bound<'_, PyAny>],
+    weight: i64,
+    timeout: Option<f64>,
+    nonblocking: bool,
+) -> PyResult<()> {
+    let timeout = to_duration(timeout)?;
+    let borrowed = Borrowed::new(header, buffers)?;
+    let (header_bytes, slices) = borrowed.slices();
+    py.detach(|| backend.put_msg(lane, header_bytes, &slices, weight, timeout, nonblocking))
+        .map_err(to_py)
+}
+
+fn py_get(
+    backend: &impl Backend,
+    py: Python<'_>,
+    lane: u32,
+    timeout: Option<f64>,
+    nonblocking: bool,
+) -> PyResult<Py<PyTuple>> {
+    let timeout = to_duration(timeout)?;
+    let mut items = py
+        .detach(|| backend.take_msgs(lane, 0, timeout, nonblocking))
+        .map_err(to_py)?;
+    let item = items
+        .pop()
+        .ok_or_else(|| ChannelEmpty::new_err("no item was returned"))?;
+    message_to_py(py, item)
+}
+
+fn py_get_batch(
+    backend: &impl Backend,
+    py: Python<'_>,
+    lane: u32,
+    target: i64,
+    timeout: Option<f64>,
+) -> PyResult<Py<PyList>> {
+    if target <= 0 {
+        return Err(PyValueError::new_err(format!(
+            "target_weight must be positive, got {target}"
+        )));
+    }
+    let timeout = to_duration(timeout)?;
+    let items = py
+        .detach(|| backend.take_msgs(lane, target, timeout, false))
+        .map_err(to_py)?;
+    let items = items
+        .into_iter()
+        .map(|b| message_to_py(py, b))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyList::new(py, items)?.unbind())
+}
+
+fn py_wait_readable(
+    backend: &impl Backend,
+    py: Python<'_>,
+    lane: u32,
+    timeout: f64,
+) -> PyResult<bool> {
+    let timeout = to_duration(Some(timeout))?.unwrap_or_default();
+    py.detach(|| backend.wait_readable_for(lane, timeout))
+        .map_err(to_py)
+}
+
 /// Native handle on one shared-memory channel segment.
 #[pyclass(frozen, module = "rlinf.core._native")]
 struct ChannelCore {
@@ -323,12 +478,16 @@ impl ChannelCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<()> {
-        let timeout = to_duration(timeout)?;
-        let borrowed = Borrowed::new(header, &buffers)?;
-        let (header_bytes, slices) = borrowed.slices();
-        let ch = &self.ch;
-        py.detach(|| ch.put(lane, header_bytes, &slices, weight, timeout, nonblocking))
-            .map_err(to_py)
+        py_put(
+            &self.ch,
+            py,
+            lane,
+            header,
+            &buffers,
+            weight,
+            timeout,
+            nonblocking,
+        )
     }
 
     /// Takes one message: `(header, [views])`; header is bytes for small
@@ -341,12 +500,7 @@ impl ChannelCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<Py<PyTuple>> {
-        let timeout = to_duration(timeout)?;
-        let ch = &self.ch;
-        let lease = py
-            .detach(|| ch.get(lane, timeout, nonblocking))
-            .map_err(to_py)?;
-        message_to_py(py, Backing::Lease(lease))
+        py_get(&self.ch, py, lane, timeout, nonblocking)
     }
 
     /// Takes messages whose weights sum to `target` (see `Channel.get_batch`).
@@ -358,23 +512,12 @@ impl ChannelCore {
         target: i64,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyList>> {
-        let timeout = to_duration(timeout)?;
-        let ch = &self.ch;
-        let leases = py
-            .detach(|| ch.get_batch(lane, target, timeout))
-            .map_err(to_py)?;
-        let items = leases
-            .into_iter()
-            .map(|l| message_to_py(py, Backing::Lease(l)))
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok(PyList::new(py, items)?.unbind())
+        py_get_batch(&self.ch, py, lane, target, timeout)
     }
 
     /// Waits until the lane has a published item; False on timeout.
     fn wait_readable(&self, py: Python<'_>, lane: u32, timeout: f64) -> PyResult<bool> {
-        let timeout = to_duration(Some(timeout))?.unwrap_or_default();
-        let ch = &self.ch;
-        py.detach(|| ch.wait_readable(lane, timeout)).map_err(to_py)
+        py_wait_readable(&self.ch, py, lane, timeout)
     }
 
     /// Items in the lane.
@@ -482,12 +625,16 @@ impl RemoteCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<()> {
-        let timeout = to_duration(timeout)?;
-        let borrowed = Borrowed::new(header, &buffers)?;
-        let (header_bytes, slices) = borrowed.slices();
-        let ch = &self.ch;
-        py.detach(|| ch.put(lane, header_bytes, &slices, weight, timeout, nonblocking))
-            .map_err(to_py)
+        py_put(
+            &self.ch,
+            py,
+            lane,
+            header,
+            &buffers,
+            weight,
+            timeout,
+            nonblocking,
+        )
     }
 
     #[pyo3(signature = (lane, timeout=None, nonblocking=false))]
@@ -498,15 +645,7 @@ impl RemoteCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<Py<PyTuple>> {
-        let timeout = to_duration(timeout)?;
-        let ch = &self.ch;
-        let mut items = py
-            .detach(|| ch.take(lane, 0, timeout, nonblocking))
-            .map_err(to_py)?;
-        let image = items
-            .pop()
-            .ok_or_else(|| ChannelEmpty::new_err("agent returned no item"))?;
-        message_to_py(py, Backing::Owned(image.into_boxed_slice()))
+        py_get(&self.ch, py, lane, timeout, nonblocking)
     }
 
     #[pyo3(signature = (lane, target, timeout=None))]
@@ -517,27 +656,11 @@ impl RemoteCore {
         target: i64,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyList>> {
-        if target <= 0 {
-            return Err(PyValueError::new_err(format!(
-                "target_weight must be positive, got {target}"
-            )));
-        }
-        let timeout = to_duration(timeout)?;
-        let ch = &self.ch;
-        let images = py
-            .detach(|| ch.take(lane, target, timeout, false))
-            .map_err(to_py)?;
-        let items = images
-            .into_iter()
-            .map(|i| message_to_py(py, Backing::Owned(i.into_boxed_slice())))
-            .collect::<PyResult<Vec<_>>>()?;
-        Ok(PyList::new(py, items)?.unbind())
+        py_get_batch(&self.ch, py, lane, target, timeout)
     }
 
     fn wait_readable(&self, py: Python<'_>, lane: u32, timeout: f64) -> PyResult<bool> {
-        let timeout = to_duration(Some(timeout))?.unwrap_or_default();
-        let ch = &self.ch;
-        py.detach(|| ch.wait_readable(lane, timeout)).map_err(to_py)
+        py_wait_readable(&self.ch, py, lane, timeout)
     }
 
     fn qsize(&self, py: Python<'_>, lane: u32) -> PyResult<u64> {
