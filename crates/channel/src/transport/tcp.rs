@@ -56,12 +56,40 @@ impl TcpEndpoint {
         })
     }
 
-    fn complete(&mut self, r: io::Result<()>) -> OpId {
+    /// Records a finished operation for `poll` and returns its id, or its error.
+    fn complete(&mut self, r: io::Result<()>) -> io::Result<OpId> {
         let id = self.next_op;
         self.next_op += 1;
-        self.done.push_back((id, r));
-        id
+        // The caller gets the error now; `poll` reports a copy of it.
+        let report = r
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()));
+        self.done.push_back((id, report));
+        r.map(|()| id)
     }
+}
+
+fn check_sizes(op: &str, local: usize, remote: &RemoteDesc) -> io::Result<()> {
+    if local as u64 == remote.len {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{op}: local size {local} differs from the remote size {}",
+                remote.len
+            ),
+        ))
+    }
+}
+
+fn one_sided_header(op: u8, desc: &RemoteDesc) -> Vec<u8> {
+    Writer::new(op)
+        .u64(desc.region)
+        .u64(desc.offset)
+        .u64(desc.len)
+        .finish()
 }
 
 /// Writes all of `slices` (like `write_all`, for vectored writes).
@@ -84,44 +112,15 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn post_write(&mut self, src: &[IoSlice<'_>], dst: RemoteDesc) -> io::Result<OpId> {
-        let total: usize = src.iter().map(|s| s.len()).sum();
-        if total as u64 != dst.len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "post_write: source and destination sizes differ",
-            ));
-        }
-        let header = Writer::new(OP_WRITE)
-            .u64(dst.region)
-            .u64(dst.offset)
-            .u64(dst.len)
-            .finish();
-        wire::write_frame(&mut self.stream, &header)?;
+        check_sizes("post_write", src.iter().map(|s| s.len()).sum(), &dst)?;
+        wire::write_frame(&mut self.stream, &one_sided_header(OP_WRITE, &dst))?;
         let r = write_all_vectored(&mut self.stream, src);
-        let failed = r
-            .as_ref()
-            .err()
-            .map(|e| io::Error::new(e.kind(), e.to_string()));
-        let id = self.complete(r);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(id),
-        }
+        self.complete(r)
     }
 
     fn post_read(&mut self, dst: &mut [u8], src: RemoteDesc) -> io::Result<OpId> {
-        if dst.len() as u64 != src.len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "post_read: source and destination sizes differ",
-            ));
-        }
-        let request = Writer::new(OP_READ)
-            .u64(src.region)
-            .u64(src.offset)
-            .u64(src.len)
-            .finish();
-        wire::write_frame(&mut self.stream, &request)?;
+        check_sizes("post_read", dst.len(), &src)?;
+        wire::write_frame(&mut self.stream, &one_sided_header(OP_READ, &src))?;
         // The agent answers with a one-byte status, then the bytes.
         let mut status = [0u8; 1];
         self.stream.read_exact(&mut status)?;
@@ -133,15 +132,7 @@ impl Endpoint for TcpEndpoint {
                 "agent refused the read (bad region or range)",
             ))
         };
-        let failed = r
-            .as_ref()
-            .err()
-            .map(|e| io::Error::new(e.kind(), e.to_string()));
-        let id = self.complete(r);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(id),
-        }
+        self.complete(r)
     }
 
     fn poll(&mut self, done: &mut Vec<(OpId, io::Result<()>)>) -> io::Result<usize> {

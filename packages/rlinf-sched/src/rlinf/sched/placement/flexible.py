@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from rlinf.sched.cluster_info import ClusterInfo
 from rlinf.sched.placement.record import Placement
-from rlinf.sched.placement.resources import NodeGroupSpec, ResourceSpace, normalize_node_groups
-from rlinf.sched.placement.strategy import PlacementStrategy, placements_from_resources
+from rlinf.sched.placement.resources import NodeGroupSpec, normalize_node_groups
+from rlinf.sched.placement.strategy import ResourceListStrategy, placements_from_resources
 
 
-class FlexiblePlacementStrategy(PlacementStrategy):
+class FlexiblePlacementStrategy(ResourceListStrategy):
     """Give each process an explicit list of resource ranks.
 
     The ranks inside a process are sorted and the processes are then **reordered
@@ -59,19 +59,9 @@ class FlexiblePlacementStrategy(PlacementStrategy):
         self.hardware_ranks_list: list[list[int]] = sorted(cleaned, key=lambda rs: rs[0])
         self.node_group = normalize_node_groups(node_group)
 
-    @property
-    def world_size(self) -> int:
-        """Number of processes."""
-        return len(self.hardware_ranks_list)
-
     def get_placement(self, cluster: ClusterInfo) -> list[Placement]:
         """Place the processes on ``cluster`` (see :class:`PlacementStrategy`)."""
-        space = ResourceSpace(cluster, self.node_group)
-        if not space.has_hardware:
-            raise ValueError(
-                f"FlexiblePlacementStrategy: node_group={list(self.node_group)} counts whole "
-                "nodes, not hardware; use NodePlacementStrategy for node-level placement"
-            )
+        space = self._hardware_space(cluster)
         return placements_from_resources(
             cluster, space, self.hardware_ranks_list, "hardware_ranks_list"
         )

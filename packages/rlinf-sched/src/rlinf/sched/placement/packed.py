@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from rlinf.sched.cluster_info import ClusterInfo
 from rlinf.sched.placement.record import Placement
-from rlinf.sched.placement.resources import NodeGroupSpec, ResourceSpace, normalize_node_groups
+from rlinf.sched.placement.resources import NodeGroupSpec, normalize_node_groups
 from rlinf.sched.placement.strategy import (
-    PlacementStrategy,
+    ResourceListStrategy,
     check_int,
     placements_from_resources,
 )
 
 
-class PackedPlacementStrategy(PlacementStrategy):
+class PackedPlacementStrategy(ResourceListStrategy):
     """Pack processes over the inclusive resource range ``[start, end]``.
 
     Each process takes ``num_hardware_per_process`` resources spaced ``stride``
@@ -66,19 +66,9 @@ class PackedPlacementStrategy(PlacementStrategy):
                     [base + offset + k * self.stride for k in range(self.num_hardware_per_process)]
                 )
 
-    @property
-    def world_size(self) -> int:
-        """Number of processes."""
-        return len(self.hardware_ranks_list)
-
     def get_placement(self, cluster: ClusterInfo) -> list[Placement]:
         """Place the processes on ``cluster`` (see :class:`PlacementStrategy`)."""
-        space = ResourceSpace(cluster, self.node_group)
-        if not space.has_hardware:
-            raise ValueError(
-                f"PackedPlacementStrategy: node_group={list(self.node_group)} counts whole "
-                "nodes, not hardware; use NodePlacementStrategy for node-level placement"
-            )
+        space = self._hardware_space(cluster)
         if self.end_hardware_rank >= space.size:
             valid = f"0-{space.size - 1}" if space.size else "none"
             raise ValueError(

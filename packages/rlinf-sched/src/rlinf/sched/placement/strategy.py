@@ -30,6 +30,28 @@ class PlacementStrategy(ABC):
         """
 
 
+class ResourceListStrategy(PlacementStrategy):
+    """A strategy given as a list of hardware-rank lists, one per process."""
+
+    hardware_ranks_list: list[list[int]]
+    node_group: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return len(self.hardware_ranks_list)
+
+    def _hardware_space(self, cluster: ClusterInfo) -> ResourceSpace:
+        """The resources of the strategy's node groups; they must count hardware."""
+        space = ResourceSpace(cluster, self.node_group)
+        if not space.has_hardware:
+            raise ValueError(
+                f"{type(self).__name__}: node_group={list(self.node_group)} counts whole "
+                "nodes, not hardware; use NodePlacementStrategy for node-level placement"
+            )
+        return space
+
+
 @dataclass(frozen=True)
 class _Draft:
     node_rank: int
