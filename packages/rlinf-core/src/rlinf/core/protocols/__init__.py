@@ -4,7 +4,13 @@ Both stacks meet here: runners are written against these protocols, and the
 dataclasses are what crosses channels (see each module for shapes).
 """
 
-from rlinf.core.protocols.embodied import EnvOutput, PolicyOutput, RolloutBatch, Trajectory
+from rlinf.core.protocols.embodied import (
+    EnvOutput,
+    EnvSpec,
+    PolicyOutput,
+    RolloutBatch,
+    Trajectory,
+)
 from rlinf.core.protocols.workers import (
     ActorWorker,
     CheckpointableWorker,
@@ -16,6 +22,7 @@ __all__ = [
     "ActorWorker",
     "CheckpointableWorker",
     "EnvOutput",
+    "EnvSpec",
     "OffloadableWorker",
     "PolicyOutput",
     "RolloutBatch",

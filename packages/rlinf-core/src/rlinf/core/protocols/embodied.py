@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["EnvOutput", "PolicyOutput", "RolloutBatch", "Trajectory"]
+__all__ = ["EnvOutput", "EnvSpec", "PolicyOutput", "RolloutBatch", "Trajectory"]
 
 Obs = dict[str, "torch.Tensor"]
 """Observation dict: ``states`` [n, d] float32 and/or ``main_images`` [n, H, W, 3] uint8."""
@@ -33,6 +33,34 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a policy needs to know about an env's observations and actions.
+
+    Attributes:
+        state_dim: Length of ``obs["states"]`` rows, or None if the env has no state obs.
+        image_shape: ``(H, W, 3)`` of ``obs["main_images"]``, or None without images.
+        action_dim: ``A``: dimensions of one continuous action, 1 for discrete.
+        num_actions: Number of discrete actions, or None for continuous actions.
+        action_low: Per-dimension lower bounds of continuous actions (or None).
+        action_high: Per-dimension upper bounds of continuous actions (or None).
+        max_episode_steps: Episode length limit in env sub-steps.
+    """
+
+    state_dim: int | None
+    image_shape: tuple[int, int, int] | None
+    action_dim: int
+    num_actions: int | None = None
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+    max_episode_steps: int = 0
+
+    @property
+    def discrete(self) -> bool:
+        """Whether actions are indices in ``range(num_actions)``."""
+        return self.num_actions is not None
 
 
 @dataclass
