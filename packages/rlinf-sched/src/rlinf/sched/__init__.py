@@ -4,14 +4,16 @@ Available now: :class:`Cluster` (start or attach to Ray, node ranks,
 accelerators), the placement layer (:mod:`rlinf.sched.placement`, pure
 logic over :class:`ClusterInfo`), and :class:`Worker` / :class:`WorkerGroup`
 (one actor per placement, group calls returning futures, errors naming the
-rank). Point-to-point communication, device locks and offload land with the
-rest of the scheduler issue.
+rank), point-to-point ``send``/``recv``/``broadcast`` between workers of
+any groups (:mod:`rlinf.sched.comm`), channels found by name across nodes,
+device locks and offload/onload hooks for collocated phases.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from rlinf.sched.cluster import NODE_RANK_ENV, Cluster, ClusterError
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
+from rlinf.sched.comm import CommError, CommTimeoutError, CommWork, PeerDiedError
 from rlinf.sched.placement import (
     ComponentPlacement,
     FlexiblePlacementStrategy,
@@ -31,6 +33,9 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterInfo",
+    "CommError",
+    "CommTimeoutError",
+    "CommWork",
     "ComponentPlacement",
     "FlexiblePlacementStrategy",
     "GroupFuture",
@@ -39,6 +44,7 @@ __all__ = [
     "NodeInfo",
     "NodePlacementStrategy",
     "PackedPlacementStrategy",
+    "PeerDiedError",
     "Worker",
     "WorkerDiedError",
     "WorkerError",

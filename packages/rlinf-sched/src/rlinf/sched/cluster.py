@@ -23,9 +23,12 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 import ray
 
-from rlinf.core.channel import cleanup_stale_segments, default_namespace
+from rlinf.core._native import parse_segment_name
+from rlinf.core.channel import cleanup_stale_segments, default_namespace, set_resolver
 from rlinf.core.logging import get_logger
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
+from rlinf.sched.comm.directory import get_directory, install_resolver
+from rlinf.sched.node_groups import parse_node_groups
 
 __all__ = ["NODE_RANK_ENV", "RAY_NAMESPACE", "Cluster", "ClusterError"]
 
@@ -96,7 +99,11 @@ class Cluster:
         slots = int(_get(cluster_cfg, "cpu_slots_per_node", 0) or 0)
         if slots < 0:
             raise ValueError(f"cluster.cpu_slots_per_node must be >= 0, got {slots}")
-        self.info = _build_info(nodes, slots)
+        self.info = _build_info(nodes, slots, _get(cluster_cfg, "node_groups", None))
+        # The directory lets channels and point-to-point traffic find their
+        # home nodes; a Cluster in a worker process reuses the driver's.
+        self._directory = get_directory(create=True)
+        install_resolver(self._directory)
         _log.info(
             "cluster: %d node(s), %d accelerator(s)%s",
             self.info.num_nodes,
@@ -157,7 +164,14 @@ class Cluster:
         self._closed = True
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        set_resolver(None)
         removed = cleanup_stale_segments(default_namespace())
+        if self._owns_ray:
+            # Killed workers may still be exiting (and holding segments).
+            deadline = time.monotonic() + 3.0
+            while _segments_left(default_namespace()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                removed += cleanup_stale_segments(default_namespace())
         if removed:
             _log.info("removed %d stale channel segment(s)", len(removed))
 
@@ -177,6 +191,14 @@ class Cluster:
             f"Cluster(num_nodes={self.info.num_nodes}, "
             f"accelerators={self.info.num_accelerators}, owns_ray={self._owns_ray})"
         )
+
+
+def _segments_left(namespace: str) -> bool:
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return False
+    return any((parse_segment_name(n) or ("",))[0] == namespace for n in names)
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:
@@ -260,9 +282,13 @@ def _assign_ranks(
     return nodes
 
 
-def _build_info(nodes: list[dict[str, Any]], cpu_slots_per_node: int) -> ClusterInfo:
+def _build_info(
+    nodes: list[dict[str, Any]], cpu_slots_per_node: int, node_groups: Any = None
+) -> ClusterInfo:
+    specs, node_envs = parse_node_groups(node_groups, len(nodes))
     infos = []
     for rank, n in enumerate(nodes):
+        node_env = node_envs.get(rank)
         res = n.get("Resources", {})
         model = next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), "")
         gpus = int(res.get("GPU", 0))
@@ -274,6 +300,8 @@ def _build_info(nodes: list[dict[str, Any]], cpu_slots_per_node: int) -> Cluster
                 num_cpus=int(res.get("CPU", 0)),
                 ip=n["probe"]["ip"],
                 ray_node_id=n["NodeID"],
+                env_vars=dict(node_env.env_vars) if node_env else {},
+                python_interpreter_path=node_env.python_interpreter_path if node_env else None,
             )
         )
     all_ranks = tuple(range(len(infos)))
@@ -284,6 +312,14 @@ def _build_info(nodes: list[dict[str, Any]], cpu_slots_per_node: int) -> Cluster
         ),
         "node": NodeGroupInfo("node", all_ranks, ignore_hardware=True),
     }
+    for spec in specs:
+        with_acc = any(infos[r].num_accelerators for r in spec.node_ranks)
+        groups[spec.label] = NodeGroupInfo(
+            spec.label,
+            spec.node_ranks,
+            ignore_hardware=spec.ignore_hardware,
+            hardware_type="Accelerator" if with_acc and not spec.ignore_hardware else None,
+        )
     return ClusterInfo(
         nodes=tuple(infos), node_groups=groups, cpu_slots_per_node=cpu_slots_per_node
     )

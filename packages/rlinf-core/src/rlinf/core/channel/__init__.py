@@ -21,6 +21,7 @@ from rlinf.core.channel.channel import (
     Channel,
     default_namespace,
 )
+from rlinf.core.channel.resolver import ChannelResolver, get_resolver, set_resolver
 
 __all__ = [
     "AGENT_ENV",
@@ -33,6 +34,9 @@ __all__ = [
     "ChannelError",
     "ChannelExists",
     "ChannelNotFound",
+    "ChannelResolver",
     "cleanup_stale_segments",
     "default_namespace",
+    "get_resolver",
+    "set_resolver",
 ]

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from rlinf.core import _native
+from rlinf.core.channel.resolver import get_resolver
 from rlinf.core.channel.serialization import dumps, loads
 
 __all__ = [
@@ -206,6 +207,9 @@ class Channel:
             if not exist_ok:
                 raise
             return cls.connect(name, namespace=namespace, address=address)
+        resolver = get_resolver()
+        if address is None and resolver is not None:
+            resolver.on_create(namespace, name)
         return cls(core, name, namespace, address)
 
     @classmethod
@@ -231,9 +235,15 @@ class Channel:
             rlinf.core._native.ChannelNotFound: If it does not exist in time.
         """
         namespace = namespace or default_namespace()
-        address = address or os.environ.get(AGENT_ENV) or None
+        explicit = address or os.environ.get(AGENT_ENV) or None
+        resolver = None if explicit else get_resolver()
         deadline = time.monotonic() + _check_timeout(timeout)  # type: ignore[operator]
         while True:
+            address = explicit
+            if resolver is not None:
+                home = resolver.locate(namespace, name)
+                if home is not None and home != resolver.node_key():
+                    address = resolver.agent_address(home)
             try:
                 core: _Core
                 if address is None:
@@ -247,7 +257,11 @@ class Channel:
                 time.sleep(0.01)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_connect, (self._name, self._namespace, self._address))
+        # A shared-memory channel travels with its home node, so a process on
+        # another node reconnects through that node's agent.
+        resolver = get_resolver()
+        home = resolver.node_key() if resolver is not None and self._address is None else None
+        return (_connect, (self._name, self._namespace, self._address, home))
 
     def __repr__(self) -> str:
         where = "shm" if self._address is None else f"tcp://{self._address}"
@@ -474,5 +488,11 @@ class Channel:
         return dict(self._core.stats())
 
 
-def _connect(name: str, namespace: str, address: str | None = None) -> Channel:
+def _connect(
+    name: str, namespace: str, address: str | None = None, home: str | None = None
+) -> Channel:
+    resolver = get_resolver()
+    remote_home = resolver is not None and home is not None and home != resolver.node_key()
+    if address is None and remote_home:
+        address = resolver.agent_address(home)  # type: ignore[union-attr, arg-type]
     return Channel.connect(name, namespace=namespace, timeout=10.0, address=address)

@@ -40,7 +40,7 @@ _RAW_BYTES_MIN = 64 << 10
 # ----- reducers -----------------------------------------------------------------------
 
 
-def _reduce_ndarray(a: np.ndarray) -> tuple[Any, ...]:
+def _reduce_ndarray(a: np.ndarray[Any, Any]) -> tuple[Any, ...]:
     if not (a.dtype.hasobject or a.dtype.fields is not None):
         if not (a.flags.c_contiguous or a.flags.f_contiguous):
             a = np.ascontiguousarray(a)
@@ -55,7 +55,9 @@ def _reduce_ndarray(a: np.ndarray) -> tuple[Any, ...]:
     return reduced  # numpy's own
 
 
-def _rebuild_ndarray(buf: Any, dtype: str, shape: tuple[int, ...], order: str) -> np.ndarray:
+def _rebuild_ndarray(
+    buf: Any, dtype: str, shape: tuple[int, ...], order: str
+) -> np.ndarray[Any, Any]:
     return np.frombuffer(buf, dtype=dtype).reshape(shape, order=order)  # type: ignore[call-overload,no-any-return]
 
 

@@ -12,8 +12,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlinf.core.channel import NAMESPACE_ENV, default_namespace
 from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
 from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
+from rlinf.sched.worker.device_lock import DEVICES_ENV
 from rlinf.sched.worker.worker import Worker
 
 __all__ = ["GroupFuture", "WorkerDiedError", "WorkerError", "WorkerGroup"]
@@ -173,17 +175,22 @@ class WorkerGroup:
                 "CLUSTER_NODE_RANK": str(p.node_rank),
                 "MASTER_ADDR": master.ip,
                 "MASTER_PORT": str(master_port),
+                NAMESPACE_ENV: default_namespace(),
+                DEVICES_ENV: f"{p.resource_kind}:{','.join(map(str, p.resource_ranks))}",
                 **node.env_vars,
             }
             if p.local_accelerator_ids:
                 env["CUDA_VISIBLE_DEVICES"] = p.visible_devices
                 env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+            runtime_env: dict[str, Any] = {"env_vars": env}
+            if node.python_interpreter_path:
+                runtime_env["py_executable"] = node.python_interpreter_path
             options: dict[str, Any] = {
                 "name": f"{name}:{p.rank}",
                 "namespace": RAY_NAMESPACE,
                 "num_cpus": num_cpus,
                 "num_gpus": 0,
-                "runtime_env": {"env_vars": env},
+                "runtime_env": runtime_env,
                 "max_concurrency": 8,
             }
             if node.ray_node_id:
@@ -243,8 +250,20 @@ class WorkerGroup:
 
         return call
 
-    def shutdown(self) -> None:
-        """Kills every rank's actor (idempotent)."""
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Lets every rank release its channels, then kills its actor (idempotent).
+
+        Args:
+            timeout: Seconds to wait for the ranks' ``teardown``; ranks that
+                do not answer (dead or stuck) are killed anyway.
+        """
+        refs = []
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                refs.append(actor.teardown.remote())
+        if refs:
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=timeout)
         for actor in self._actors:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(actor)

@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from rlinf.core._native import release_all_names
+from rlinf.core.channel import Channel, default_namespace
 from rlinf.core.logging import get_worker_logger
+from rlinf.sched.comm import CommWork, P2PEndpoint, install_resolver
+from rlinf.sched.worker.device_lock import DEVICES_ENV, DeviceLock
 
 if TYPE_CHECKING:
     from rlinf.sched.worker.group import WorkerGroup
@@ -58,6 +62,14 @@ class Worker:
         self.node_rank = int(os.environ.get("NODE_RANK", "0"))
         self._logger = get_worker_logger(self.group_name, self.rank)
         self._timings: dict[str, list[float]] = defaultdict(list)
+        install_resolver()
+        self._p2p = P2PEndpoint(self.group_name, self.rank)
+        self._channels: list[Channel] = []
+        devices = os.environ.get(DEVICES_ENV, "")
+        kind, _, ranks = devices.partition(":")
+        self._device_lock = DeviceLock(
+            [f"{kind}:{r}" for r in ranks.split(",") if r], default_namespace()
+        )
 
     @classmethod
     def create_group(cls, *args: Any, **kwargs: Any) -> WorkerGroup:
@@ -102,3 +114,123 @@ class Worker:
     def ping(self) -> int:
         """Returns this worker's rank (a liveness check)."""
         return self.rank
+
+    def teardown(self) -> None:
+        """Releases this worker's channels and locks; the scheduler calls it before killing it."""
+        self._p2p.close()
+        self._device_lock.release()
+        release_all_names()
+
+    # ----- point-to-point communication ---------------------------------------------
+    def send(
+        self,
+        obj: Any,
+        dst_group_name: str,
+        dst_rank: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> CommWork | None:
+        """Sends ``obj`` to rank ``dst_rank`` of group ``dst_group_name``.
+
+        Any picklable object works; numpy arrays and CPU tensors (also inside
+        dicts, lists and dataclasses) travel without pickling their data.
+        Messages of one (sender, receiver) pair arrive in send order.
+
+        Args:
+            obj: What to send.
+            dst_group_name: Receiving group.
+            dst_rank: Receiving rank.
+            async_op: Return a :class:`CommWork` at once instead of waiting.
+            timeout: Seconds before giving up (default ``$RLINF_COMM_TIMEOUT_S``
+                or 1800); the receiver's liveness is checked while waiting.
+
+        Returns:
+            None, or the :class:`CommWork` when ``async_op``.
+
+        Raises:
+            PeerDiedError: The receiver died.
+            CommTimeoutError: The timeout passed.
+        """
+        return self._p2p.send(obj, (dst_group_name, dst_rank), async_op, timeout)
+
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """Receives the next object sent by rank ``src_rank`` of ``src_group_name``.
+
+        May be called before the matching send. Returns the object, or a
+        :class:`CommWork` whose ``wait()`` returns it when ``async_op``.
+
+        Raises:
+            PeerDiedError: The sender died and nothing more from it is queued.
+            CommTimeoutError: The timeout passed.
+        """
+        return self._p2p.recv((src_group_name, src_rank), async_op, timeout)
+
+    def broadcast(
+        self,
+        obj: Any,
+        groups: list[tuple[str, int | list[int]]],
+        src: tuple[str, int] | None = None,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """Broadcasts ``obj`` from ``src`` to every participant; every participant calls it.
+
+        Args:
+            obj: The object (ignored on non-source ranks; pass None).
+            groups: Participants as ``(group_name, rank or ranks)`` pairs,
+                identical on every participant.
+            src: ``(group_name, rank)`` of the source; default the first participant.
+            async_op: Return a :class:`CommWork` instead of waiting.
+            timeout: As for :meth:`send`.
+
+        Returns:
+            The broadcast object (on every participant), or a :class:`CommWork`.
+
+        Raises:
+            ValueError: This worker is not a participant, or ``src`` is not.
+        """
+        return self._p2p.broadcast(obj, groups, src, async_op, timeout)
+
+    def create_channel(self, name: str, maxsize: int = 0, **kwargs: Any) -> Channel:
+        """Creates a channel on this worker's node, reachable by name from the whole cluster.
+
+        The channel lives as long as this worker (or any other process that
+        holds it), even if the caller drops the returned object.
+        """
+        channel = Channel.create(name, maxsize, **kwargs)
+        self._channels.append(channel)
+        return channel
+
+    def connect_channel(self, name: str, timeout: float = 60.0) -> Channel:
+        """Connects to a channel created anywhere in the cluster (shm or TCP, as needed)."""
+        return Channel.connect(name, timeout=timeout)
+
+    # ----- collocated phases ---------------------------------------------------------
+    @property
+    def device_lock(self) -> DeviceLock:
+        """The lock of the devices this worker owns (shared with collocated workers)."""
+        return self._device_lock
+
+    def acquire_device_lock(self, timeout: float = 600.0) -> None:
+        """Takes the device lock (a runner calls this before a collocated phase)."""
+        self._device_lock.acquire(timeout, holder=f"{self.group_name}[{self.rank}]")
+
+    def release_device_lock(self) -> None:
+        """Releases the device lock (idempotent)."""
+        self._device_lock.release()
+
+    def offload(self) -> None:
+        """Frees device memory (weights, optimizer state) before another group's phase.
+
+        The default does nothing; workers that hold device memory override
+        it. Runners call ``offload``/``onload`` around phases in collocated mode.
+        """
+
+    def onload(self) -> None:
+        """Restores what :meth:`offload` moved off the device. The default does nothing."""

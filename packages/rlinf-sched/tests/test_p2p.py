@@ -1,0 +1,216 @@
+"""Point-to-point send/recv/broadcast, channels by name and device locks on real Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from rlinf.core.channel import Channel
+from rlinf.sched import (
+    Cluster,
+    CommTimeoutError,
+    PackedPlacementStrategy,
+    PeerDiedError,
+    Worker,
+    WorkerError,
+)
+
+
+@dataclass
+class Batch:
+    obs: torch.Tensor
+    names: list[str]
+    extra: dict[str, np.ndarray]
+
+
+class Peer(Worker):
+    def pid(self) -> int:
+        return os.getpid()
+
+    def send_many(self, dst: str, dst_rank: int, items: list[object]) -> int:
+        for item in items:
+            self.send(item, dst, dst_rank)
+        return len(items)
+
+    def recv_many(self, src: str, src_rank: int, count: int) -> list[object]:
+        return [self.recv(src, src_rank) for _ in range(count)]
+
+    def async_stream(self, dst: str, dst_rank: int, count: int) -> int:
+        works = [self.send({"i": i}, dst, dst_rank, async_op=True) for i in range(count)]
+        works[-1].wait(timeout=120)
+        assert all(w.done() for w in works)
+        return count
+
+    def async_drain(self, src: str, src_rank: int, count: int) -> list[int]:
+        works = [self.recv(src, src_rank, async_op=True) for _ in range(count)]
+        return [w.wait(timeout=120)["i"] for w in works]
+
+    def recv_with_timeout(self, src: str, src_rank: int, timeout: float) -> object:
+        return self.recv(src, src_rank, timeout=timeout)
+
+    def bcast(self, obj: object, groups: list, src: tuple | None = None) -> object:
+        return self.broadcast(obj, groups, src)
+
+    def make_channel(self, name: str) -> None:
+        self.create_channel(name).put({"from": self.group_name, "rank": self.rank})
+
+    def read_channel(self, name: str) -> object:
+        return self.connect_channel(name).get(timeout=30)
+
+    def put_into(self, channel: Channel, item: object) -> None:
+        channel.put(item)
+
+    def locked_section(self, seconds: float) -> tuple[float, float]:
+        self.acquire_device_lock(timeout=60)
+        try:
+            start = time.monotonic()
+            time.sleep(seconds)
+            return start, time.monotonic()
+        finally:
+            self.release_device_lock()
+
+    def try_lock(self, timeout: float) -> None:
+        self.acquire_device_lock(timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    assert not ray.is_initialized()
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 4}, num_cpus=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def pair(cluster):
+    a = Peer.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="a")
+    b = Peer.create_group().launch(cluster, PackedPlacementStrategy(2, 2), name="b")
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def test_objects_tensors_and_dataclasses_arrive_in_order(pair) -> None:
+    a, b = pair
+    items = [
+        "hello",
+        {"nested": [1, (2, 3)], "arr": np.arange(6).reshape(2, 3)},
+        torch.arange(10, dtype=torch.float32),
+        Batch(torch.ones(2, 3), ["x", "y"], {"m": np.eye(2)}),
+        None,
+    ]
+    # recv posted before send: the receiver waits for the first item.
+    received = b.execute_on(0).recv_many("a", 1, len(items))
+    time.sleep(0.3)
+    assert a.execute_on(1).send_many("b", 0, items).wait(timeout=60) == [len(items)]
+    got = received.wait(timeout=60)[0]
+    assert got[0] == "hello"
+    assert got[1]["nested"] == [1, (2, 3)] and np.array_equal(got[1]["arr"], items[1]["arr"])
+    assert torch.equal(got[2], items[2])
+    assert isinstance(got[3], Batch) and torch.equal(got[3].obs, torch.ones(2, 3))
+    assert got[3].names == ["x", "y"] and np.array_equal(got[3].extra["m"], np.eye(2))
+    assert got[4] is None
+
+
+def test_both_directions_and_pairs_are_independent(pair) -> None:
+    a, b = pair
+    # a[0] <-> b[0] both ways at once, a[1] -> b[0] interleaved: per-pair FIFO.
+    r1 = b.execute_on(0).recv_many("a", 0, 3)
+    r2 = b.execute_on(0)
+    s1 = a.execute_on(0).send_many("b", 0, [0, 1, 2])
+    s2 = a.execute_on(1).send_many("b", 0, ["x", "y"])
+    back = a.execute_on(0).recv_many("b", 0, 2)
+    r2 = b.execute_on(0).send_many("a", 0, ["p", "q"])
+    assert r1.wait(timeout=60) == [[0, 1, 2]]
+    assert b.execute_on(0).recv_many("a", 1, 2).wait(timeout=60) == [["x", "y"]]
+    assert back.wait(timeout=60) == [["p", "q"]]
+    for f in (s1, s2, r2):
+        f.wait(timeout=60)
+
+
+def test_a_thousand_async_messages(pair) -> None:
+    a, b = pair
+    drain = b.execute_on(0).async_drain("a", 0, 1000)
+    assert a.execute_on(0).async_stream("b", 0, 1000).wait(timeout=120) == [1000]
+    assert drain.wait(timeout=120) == [list(range(1000))]
+
+
+def test_broadcast_across_groups(pair) -> None:
+    a, b = pair
+    groups = [("a", [0, 1]), ("b", 0)]
+    payload = {"w": torch.arange(4.0)}
+    fa = a.bcast(payload, groups, ("a", 1))
+    fb = b.bcast(None, groups, ("a", 1))
+    results = fa.wait(timeout=60) + fb.wait(timeout=60)
+    assert all(torch.equal(r["w"], payload["w"]) for r in results)
+    with pytest.raises(WorkerError, match=r"not among the participants"):
+        b.bcast(None, [("a", [0, 1])]).wait(timeout=60)
+
+
+def test_recv_timeout_names_the_peer(pair) -> None:
+    _, b = pair
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"recv b:0 <- a\[1\] timed out after 2 s") as info:
+        b.execute_on(0).recv_with_timeout("a", 1, 2.0).wait(timeout=60)
+    assert "CommTimeoutError" in str(info.value)
+    assert time.monotonic() - start < 10
+
+
+def test_a_killed_sender_is_reported_to_a_pending_recv(cluster) -> None:
+    src = Peer.create_group().launch(cluster, PackedPlacementStrategy(0, 0), name="doomed")
+    dst = Peer.create_group().launch(cluster, PackedPlacementStrategy(1, 1), name="waiter")
+    try:
+        pending = dst.recv_many("doomed", 0, 1)
+        time.sleep(1.0)
+        os.kill(src.pid().wait()[0], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"peer doomed\[rank 0\] died") as info:
+            pending.wait(timeout=60)
+        assert "PeerDiedError" in str(info.value)
+        assert time.monotonic() - start < 10
+    finally:
+        src.shutdown()
+        dst.shutdown()
+
+
+def test_channels_by_name_from_workers_and_driver(pair) -> None:
+    a, b = pair
+    a.execute_on(0).make_channel("made-in-a").wait(timeout=60)
+    assert b.execute_on(0).read_channel("made-in-a").wait(timeout=60) == [{"from": "a", "rank": 0}]
+    driver_made = Channel.create("made-in-driver")
+    a.execute_on(1).put_into(driver_made, [1, 2, 3]).wait(timeout=60)
+    assert driver_made.get(timeout=30) == [1, 2, 3]
+
+
+def test_device_lock_serialises_collocated_phases(cluster) -> None:
+    # Two groups on the same CPU slot (collocated): their locked sections never overlap.
+    x = Peer.create_group().launch(cluster, PackedPlacementStrategy(3, 3), name="x")
+    y = Peer.create_group().launch(cluster, PackedPlacementStrategy(3, 3), name="y")
+    try:
+        fx, fy = x.locked_section(1.0), y.locked_section(1.0)
+        (sx, ex), (sy, ey) = fx.wait(timeout=60)[0], fy.wait(timeout=60)[0]
+        assert ex <= sy or ey <= sx, "collocated phases overlapped"
+        x.try_lock(5).wait(timeout=60)
+        with pytest.raises(WorkerError, match=r"waited 0.5 s for the lock of device cpu_slot:3"):
+            y.try_lock(0.5).wait(timeout=60)
+        assert x.offload().wait() == [None] and x.onload().wait() == [None]
+    finally:
+        x.shutdown()
+        y.shutdown()
+
+
+def test_default_timeout_env_is_validated(monkeypatch) -> None:
+    from rlinf.sched.comm.p2p import default_timeout
+
+    monkeypatch.setenv("RLINF_COMM_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="RLINF_COMM_TIMEOUT_S must be a number of seconds"):
+        default_timeout()
+    monkeypatch.setenv("RLINF_COMM_TIMEOUT_S", "5")
+    assert default_timeout() == 5.0
+    assert issubclass(CommTimeoutError, TimeoutError) and issubclass(PeerDiedError, RuntimeError)
