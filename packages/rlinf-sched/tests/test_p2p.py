@@ -214,3 +214,63 @@ def test_default_timeout_env_is_validated(monkeypatch) -> None:
     monkeypatch.setenv("RLINF_COMM_TIMEOUT_S", "5")
     assert default_timeout() == 5.0
     assert issubclass(CommTimeoutError, TimeoutError) and issubclass(PeerDiedError, RuntimeError)
+
+
+# ----- the seeds' programming flow: three groups, two channels, pipelined ----------------
+class Producer(Worker):
+    def produce(self, channel: Channel, count: int) -> list[float]:
+        stamps = []
+        for seq in range(count):
+            channel.put(
+                {"src": self.rank, "seq": seq, "data": torch.full((4,), seq)}, key=self.rank
+            )
+            stamps.append(time.monotonic())
+            time.sleep(0.01)
+        return stamps
+
+
+class Transformer(Worker):
+    def transform(self, inbox: Channel, outbox: Channel, count: int) -> int:
+        for _ in range(count):
+            item = inbox.get(key=self.rank, timeout=60)
+            item["data"] = item["data"] * 2
+            outbox.put(item, key=item["src"])
+        return count
+
+
+class Consumer(Worker):
+    def consume(self, channel: Channel, keys: list[int], count: int) -> dict:
+        seen: dict[int, list[int]] = {k: [] for k in keys}
+        first = None
+        for _ in range(count):
+            for k in keys:
+                item = channel.get(key=k, timeout=60)
+                assert torch.equal(item["data"], torch.full((4,), item["seq"]) * 2)
+                seen[k].append(item["seq"])
+                first = first or time.monotonic()
+        return {"seen": seen, "first": first}
+
+
+def test_three_groups_two_channels_pipelined(cluster) -> None:
+    stage1, stage2 = Channel.create("flow-stage1"), Channel.create("flow-stage2")
+    producers = Producer.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="prod")
+    transformers = Transformer.create_group().launch(
+        cluster, PackedPlacementStrategy(2, 3), name="xform"
+    )
+    consumer = Consumer.create_group().launch(cluster, PackedPlacementStrategy(0, 0), name="cons")
+    try:
+        count = 50
+        done_c = consumer.consume(stage2, [0, 1], count)
+        done_t = transformers.transform(stage1, stage2, count)
+        done_p = producers.produce(stage1, count)
+        result = done_c.wait(timeout=120)[0]
+        assert done_t.wait(timeout=60) == [count, count]
+        stamps = done_p.wait(timeout=60)
+        # Every item arrived exactly once and in order per key.
+        assert result["seen"] == {0: list(range(count)), 1: list(range(count))}
+        # Pipelined: the consumer had its first item before the producers finished.
+        assert result["first"] < min(s[-1] for s in stamps)
+        assert stage1.qsize(0) == stage2.qsize(1) == 0
+    finally:
+        for g in (producers, transformers, consumer):
+            g.shutdown()

@@ -7,6 +7,7 @@ of starting one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -102,6 +103,7 @@ class Cluster:
         self.info = _build_info(nodes, slots, _get(cluster_cfg, "node_groups", None))
         # The directory lets channels and point-to-point traffic find their
         # home nodes; a Cluster in a worker process reuses the driver's.
+        self._owns_directory = get_directory() is None
         self._directory = get_directory(create=True)
         install_resolver(self._directory)
         _log.info(
@@ -162,11 +164,16 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        if self._owns_directory and ray.is_initialized():
+            # Agents hold the channels they served; stop them before cleaning up.
+            with contextlib.suppress(Exception):
+                ray.get(self._directory.stop_agents.remote(), timeout=10)
+                ray.kill(self._directory)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
         set_resolver(None)
         removed = cleanup_stale_segments(default_namespace())
-        if self._owns_ray:
+        if self._owns_ray or self._owns_directory:
             # Killed workers may still be exiting (and holding segments).
             deadline = time.monotonic() + 3.0
             while _segments_left(default_namespace()) and time.monotonic() < deadline:

@@ -479,6 +479,22 @@ class Channel:
         """
         self._core.close()
 
+    def unlink(self) -> bool:
+        """Removes the channel's name now; returns whether a name was removed.
+
+        Processes that hold the channel keep using it; new ``connect`` calls
+        fail. The memory is freed when the last holder lets go. The owner of
+        a channel (e.g. a worker, for its inbox) calls this at shutdown so the
+        name never outlives it, even if a peer still holds the channel.
+        """
+        if self._address is not None:
+            return False  # the home node's processes own the name
+        try:
+            os.unlink(os.path.join("/dev/shm", _native.segment_name(self._namespace, self._name)))
+        except FileNotFoundError:
+            return False
+        return True
+
     def reclaim(self) -> int:
         """Returns memory held by dead processes to the channel; returns the block count."""
         return int(self._core.reclaim())

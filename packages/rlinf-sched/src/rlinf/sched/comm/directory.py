@@ -88,6 +88,14 @@ class _Directory:
         with self._lock:
             return self._groups.get(name)
 
+    def stop_agents(self) -> int:
+        with self._lock:
+            agents, self._agents = list(self._agents.values()), {}
+            self._agent_addresses.clear()
+        for agent in agents:
+            ray.kill(agent)
+        return len(agents)
+
     def group_names(self) -> list[str]:
         with self._lock:
             return sorted(self._groups)

@@ -207,7 +207,8 @@ class P2PEndpoint:
         return obj
 
     def close(self) -> None:
-        """Stops the endpoint's threads (pending operations are cancelled)."""
+        """Stops the endpoint's threads (pending operations are cancelled); removes the inbox."""
+        self._inbox.unlink()
         with self._lock:
             executors, self._executors = list(self._executors.values()), {}
         for ex in executors:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Generator, Sequence
@@ -12,8 +13,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlinf.core._native import segment_name
 from rlinf.core.channel import NAMESPACE_ENV, default_namespace
 from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
+from rlinf.sched.comm.p2p import inbox_name
 from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
 from rlinf.sched.worker.device_lock import DEVICES_ENV
 from rlinf.sched.worker.worker import Worker
@@ -119,6 +122,7 @@ class WorkerGroup:
         self._actors: list[Any] = []
         self._placements: list[Placement] = []
         self._name = ""
+        self._node_ids: list[str] = []
         self._only: list[int] | None = None
 
     def launch(
@@ -200,6 +204,7 @@ class WorkerGroup:
             actor_cls = ray.remote(self._cls)
             actors.append(actor_cls.options(**options).remote(*self._args, **self._kwargs))
         self._actors, self._placements, self._name = actors, placements, name
+        self._node_ids = [info.nodes[p.node_rank].ray_node_id for p in placements]
         self._call("ping", (), {}, list(range(len(actors)))).wait(timeout=timeout)
         return self
 
@@ -261,13 +266,30 @@ class WorkerGroup:
         for actor in self._actors:
             with contextlib.suppress(Exception):
                 refs.append(actor.teardown.remote())
+        torn_down: set[int] = set()
         if refs:
             with contextlib.suppress(Exception):
-                ray.wait(refs, num_returns=len(refs), timeout=timeout)
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+                for rank, ref in enumerate(refs):
+                    if ref in ready:
+                        with contextlib.suppress(Exception):
+                            ray.get(ref)
+                            torn_down.add(rank)
+        # A rank that could not tear down (it died) leaves its inbox name
+        # behind; remove it if it lives on this node.
+        here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        for rank, node_id in enumerate(self._node_ids):
+            if rank not in torn_down and node_id == here:
+                _unlink_segment(inbox_name(self._name, rank))
         for actor in self._actors:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(actor)
         self._actors = []
+
+
+def _unlink_segment(channel: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        os.unlink(os.path.join("/dev/shm", segment_name(default_namespace(), channel)))
 
 
 def _free_port() -> int:

@@ -118,6 +118,8 @@ class Worker:
     def teardown(self) -> None:
         """Releases this worker's channels and locks; the scheduler calls it before killing it."""
         self._p2p.close()
+        for channel in self._channels:
+            channel.unlink()
         self._device_lock.release()
         release_all_names()
 
