@@ -1,0 +1,358 @@
+"""The policy interface that rollout and actor workers are written against.
+
+A policy maps one observation to a chunk of ``C`` actions. Rollout calls
+:meth:`BasePolicy.predict_action_batch` (no grad) and ships the returned
+:class:`~rlinf.core.protocols.embodied.PolicyOutput`; its ``forward_inputs``
+hold everything needed to recompute the same statistics. The actor calls the
+module (``policy(forward_inputs, compute_entropy=..., compute_values=...)``,
+which runs :meth:`BasePolicy.default_forward` through ``nn.Module.__call__`` so
+that FSDP hooks fire) to get logprobs, entropy and values with gradients.
+
+Shapes (see :mod:`rlinf.core.protocols.embodied`): actions ``[n, C, A]``;
+logprobs and entropy ``[n, C * A]`` (continuous, per dimension) or ``[n, C]``
+(discrete); values ``[n, V]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
+from rlinf.embodied.models.config import PolicyConfig
+from rlinf.embodied.models.heads import (
+    ActionHead,
+    CategoricalActionHead,
+    GaussianActionHead,
+    ValueHead,
+    build_mlp,
+)
+
+__all__ = ["ActorCriticPolicy", "BasePolicy"]
+
+_MODES = ("train", "eval")
+
+
+class BasePolicy(nn.Module, ABC):
+    """Interface of every embodied policy.
+
+    Subclasses are registered with :func:`~rlinf.embodied.models.register_policy`
+    and built by :func:`~rlinf.embodied.models.build_policy`; their constructor
+    takes ``(cfg, spec)``.
+
+    Args:
+        cfg: The policy config.
+        spec: What the env observes and how it acts.
+
+    Raises:
+        ValueError: The spec does not suit this policy (see :meth:`check_spec`).
+    """
+
+    def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
+        super().__init__()
+        self.check_spec(cfg, spec)
+        self.cfg = cfg
+        self.spec = spec
+
+    @classmethod
+    def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
+        """Raises ``ValueError`` if ``spec`` cannot be served by this policy class.
+
+        The base check covers the action space; subclasses add observation checks.
+
+        Args:
+            cfg: The policy config.
+            spec: The env spec.
+        """
+        if spec.num_actions is not None:
+            if spec.num_actions < 2:
+                raise ValueError(
+                    f"EnvSpec.num_actions={spec.num_actions}: a discrete action space needs at "
+                    "least 2 actions (use num_actions=None for continuous actions)"
+                )
+            if spec.action_dim != 1:
+                raise ValueError(
+                    f"EnvSpec.action_dim={spec.action_dim} with num_actions={spec.num_actions}: "
+                    "discrete actions are one index per sub-step, so action_dim must be 1"
+                )
+        elif spec.action_dim < 1:
+            raise ValueError(
+                f"EnvSpec.action_dim={spec.action_dim}: continuous actions need action_dim >= 1"
+            )
+
+    @property
+    def num_action_chunks(self) -> int:
+        """``C``: actions per call."""
+        return self.cfg.num_action_chunks
+
+    @property
+    def value_dim(self) -> int:
+        """``V``: values per step."""
+        return self.cfg.value_dim
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the parameters."""
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the parameters (``cfg.precision``)."""
+        return next(self.parameters()).dtype
+
+    @abstractmethod
+    def predict_action_batch(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        """Acts on a batch of observations, without gradients.
+
+        Args:
+            obs: ``states`` [n, d] float32 and/or ``main_images`` [n, H, W, 3] uint8;
+                other keys are ignored.
+            mode: ``train`` samples; ``eval`` is deterministic (mean / argmax).
+            generator: Random generator for sampling (the global one if None).
+
+        Returns:
+            Actions ``[n, C, A]``, ``prev_logprobs``, ``prev_values`` ``[n, V]`` and
+            ``forward_inputs``, all on the policy's device.
+        """
+
+    @abstractmethod
+    def default_forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Recomputes statistics of stored actions, with gradients.
+
+        Args:
+            forward_inputs: A (possibly re-batched) ``PolicyOutput.forward_inputs``.
+            compute_logprobs: Return ``logprobs`` shaped like ``prev_logprobs``.
+            compute_entropy: Return ``entropy`` shaped like ``logprobs``.
+            compute_values: Return ``values`` ``[n, V]``.
+
+        Returns:
+            The requested entries, float32.
+        """
+
+    @abstractmethod
+    def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
+        """Values ``[n, V]`` (float32, no grad) of observations, e.g. final obs to bootstrap."""
+
+    def forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Same as :meth:`default_forward`; call the module itself so wrappers' hooks run."""
+        return self.default_forward(
+            forward_inputs,
+            compute_logprobs=compute_logprobs,
+            compute_entropy=compute_entropy,
+            compute_values=compute_values,
+        )
+
+
+class ActorCriticPolicy(BasePolicy):
+    """A policy made of an observation encoder, an actor MLP + action head and a value head.
+
+    Subclasses set :attr:`obs_keys`, build their encoder, call :meth:`_build_heads`
+    with the encoder's output width and implement :meth:`_encode`. Parameters of
+    the value head live under ``value_head`` (optimizers give them ``value_lr``).
+    """
+
+    obs_keys: tuple[str, ...] = ()
+    """Observation entries the policy reads (and stores in ``forward_inputs``)."""
+
+    action_head: ActionHead
+    actor_backbone: nn.Sequential
+    value_head: ValueHead | None
+
+    def _build_heads(self, in_dim: int) -> None:
+        cfg, spec = self.cfg, self.spec
+        self.actor_backbone, width = build_mlp(in_dim, cfg.hidden_dims, cfg.activation)
+        if spec.num_actions is not None:
+            self.action_head = CategoricalActionHead(width, cfg.num_action_chunks, spec.num_actions)
+        else:
+            self.action_head = GaussianActionHead(
+                width, cfg.num_action_chunks, spec.action_dim, cfg.init_log_std
+            )
+        self.value_head = (
+            ValueHead(in_dim, cfg.hidden_dims, cfg.value_dim, cfg.activation)
+            if cfg.add_value_head
+            else None
+        )
+
+    @abstractmethod
+    def _encode(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Encodes validated inputs (on the policy's device) into ``[n, F]`` in ``self.dtype``."""
+
+    def _expected_shape(self, key: str) -> tuple[int, ...] | None:
+        if key == "states" and self.spec.state_dim is not None:
+            return (self.spec.state_dim,)
+        if key == "main_images" and self.spec.image_shape is not None:
+            return tuple(self.spec.image_shape)
+        return None
+
+    def _select_inputs(self, obs: Mapping[str, Any]) -> dict[str, Tensor]:
+        """Picks and checks the observation entries this policy reads (float32 states).
+
+        The tensors stay on the device they came on; :meth:`_to_device` moves them.
+        """
+        inputs: dict[str, Tensor] = {}
+        batch: int | None = None
+        for key in self.obs_keys:
+            if key not in obs:
+                raise KeyError(
+                    f"{type(self).__name__} reads obs[{key!r}] but it is missing "
+                    f"(got keys {sorted(obs)}); the policy needs {list(self.obs_keys)}"
+                )
+            value = obs[key]
+            if not isinstance(value, Tensor):
+                raise TypeError(f"obs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+            expected = self._expected_shape(key)
+            if expected is not None and tuple(value.shape[1:]) != expected:
+                raise ValueError(
+                    f"obs[{key!r}] has shape {tuple(value.shape)}, expected [n, "
+                    f"{', '.join(map(str, expected))}] from the env spec"
+                )
+            if key == "main_images":
+                if value.dtype != torch.uint8:
+                    raise ValueError(
+                        f"obs['main_images'] must be uint8 [n, H, W, 3] (0-255), got {value.dtype}"
+                    )
+            elif value.dtype != torch.float32:
+                value = value.float()
+            if batch is not None and value.shape[0] != batch:
+                raise ValueError(
+                    f"obs entries disagree on the batch size: obs[{key!r}] has "
+                    f"{value.shape[0]} rows, earlier entries have {batch}"
+                )
+            batch = int(value.shape[0])
+            inputs[key] = value
+        return inputs
+
+    def _to_device(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        device = self.device
+        return {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+
+    def _values(self, features: Tensor) -> Tensor:
+        if self.value_head is None:
+            return torch.zeros(
+                features.shape[0], self.value_dim, device=features.device, dtype=torch.float32
+            )
+        values: Tensor = self.value_head(features)
+        return values
+
+    def predict_action_batch(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        """Samples (``train``) or picks the mode of (``eval``) an action chunk.
+
+        Without a value head, ``prev_values`` are zeros ``[n, V]``.
+
+        Args:
+            obs: Observations (see :class:`BasePolicy`).
+            mode: ``train`` or ``eval``.
+            generator: Random generator for sampling.
+
+        Returns:
+            The action chunk and what training needs to recompute its statistics,
+            on the policy's device. ``forward_inputs`` holds the observation entries
+            read (on the device they came on, so CPU images are not copied back;
+            states as float32, images as uint8) plus ``action`` (``[n, C, A]``
+            float32, or ``[n, C, 1]`` int64 indices for discrete actions).
+
+        Raises:
+            ValueError: Unknown ``mode`` or malformed observations.
+        """
+        if mode not in _MODES:
+            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
+        with torch.no_grad():
+            inputs = self._select_inputs(obs)
+            features = self._encode(self._to_device(inputs))
+            params = self.action_head(self.actor_backbone(features))
+            actions, stored, logprobs = self.action_head.sample(
+                params, deterministic=mode == "eval", generator=generator
+            )
+            values = self._values(features)
+        return PolicyOutput(
+            actions=actions,
+            prev_logprobs=logprobs,
+            prev_values=values,
+            forward_inputs={**inputs, "action": stored},
+        )
+
+    def default_forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Recomputes logprobs, entropy and values from stored forward inputs.
+
+        Args:
+            forward_inputs: Observation entries plus ``action`` (as produced by
+                :meth:`predict_action_batch`, possibly re-batched).
+            compute_logprobs: Return ``logprobs``.
+            compute_entropy: Return ``entropy``.
+            compute_values: Return ``values``.
+
+        Returns:
+            The requested entries (float32, with gradients).
+
+        Raises:
+            KeyError: ``action`` is missing while logprobs are requested.
+            ValueError: Values are requested from a policy built without a value head.
+        """
+        if compute_values and self.value_head is None:
+            raise ValueError(
+                "values were requested but the policy has no value head; set "
+                "actor.model.add_value_head: true (GAE needs it) or do not compute values"
+            )
+        features = self._encode(self._to_device(self._select_inputs(forward_inputs)))
+        out: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            params = self.action_head(self.actor_backbone(features))
+            if compute_logprobs:
+                if "action" not in forward_inputs:
+                    raise KeyError(
+                        "forward_inputs has no 'action' entry; pass the forward_inputs "
+                        "returned by predict_action_batch"
+                    )
+                action = forward_inputs["action"].to(params.device)
+                out["logprobs"] = self.action_head.log_prob(params, action)
+            if compute_entropy:
+                out["entropy"] = self.action_head.entropy(params)
+        if compute_values:
+            out["values"] = self._values(features)
+        return out
+
+    def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
+        """Values ``[n, V]`` of ``obs`` without gradients (zeros without a value head).
+
+        Args:
+            obs: Observations (see :class:`BasePolicy`).
+
+        Returns:
+            float32 values on the policy's device.
+        """
+        with torch.no_grad():
+            return self._values(self._encode(self._to_device(self._select_inputs(obs))))

@@ -1,0 +1,128 @@
+"""``PolicyConfig``: the ``actor.model`` / ``rollout.model`` section that picks and sizes a policy.
+
+Observation and action sizes are not part of it: they come from the env's
+:class:`~rlinf.core.protocols.embodied.EnvSpec` when the policy is built.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator
+
+from rlinf.core.config import RLinfModel
+
+__all__ = ["Activation", "PolicyConfig", "Precision", "ValueType"]
+
+Activation = Literal["tanh", "relu", "elu", "gelu", "silu"]
+"""Hidden-layer nonlinearities a policy can use."""
+
+ValueType = Literal["action_level", "chunk_level"]
+"""``action_level``: a value per chunk sub-step (V = C); ``chunk_level``: one per chunk (V = 1)."""
+
+Precision = Literal["fp32", "bf16"]
+"""Parameter dtype of the policy."""
+
+_MAX_CNN_LAYERS = 3
+
+
+def _default_hidden_dims() -> list[int]:
+    return [256, 256, 256]
+
+
+def _default_cnn_channels() -> list[int]:
+    return [32, 64, 64]
+
+
+class PolicyConfig(RLinfModel):
+    """Which policy to build and how large (``actor.model``).
+
+    Attributes:
+        model_type: Registered policy name (``mlp`` for state obs, ``cnn`` for RGB obs).
+        hidden_dims: Widths of the hidden layers of the actor MLP and of the value MLP.
+        num_action_chunks: ``C``: actions predicted per call (sub-steps of one chunk step).
+        value_type: ``action_level`` (V = C values per step) or ``chunk_level`` (V = 1).
+        add_value_head: Whether the policy has a value head (PPO/GAE needs one; GRPO does not).
+        init_log_std: Initial state-independent log standard deviation (continuous actions).
+        activation: Nonlinearity of the hidden layers.
+        cnn_channels: Output channels of the Nature-DQN conv layers (1 to 3 layers with
+            kernels 8/4/3 and strides 4/2/1); ``cnn`` only.
+        cnn_feature_dim: Width of the linear layer after the convs; ``cnn`` only.
+        precision: Parameter dtype, ``fp32`` or ``bf16``. Logprobs and values are always
+            returned as float32.
+    """
+
+    model_type: str = Field(
+        default="mlp", description="Registered policy name: mlp (states), cnn (RGB)."
+    )
+    hidden_dims: list[int] = Field(
+        default_factory=_default_hidden_dims,
+        description="Hidden layer widths of the actor and value MLPs.",
+    )
+    num_action_chunks: int = Field(
+        default=1, ge=1, description="C: actions predicted per policy call."
+    )
+    value_type: ValueType = Field(
+        default="action_level", description="action_level: V = C values; chunk_level: V = 1."
+    )
+    add_value_head: bool = Field(default=True, description="Build a value head (needed for GAE).")
+    init_log_std: float = Field(
+        default=-0.5, allow_inf_nan=False, description="Initial log std of continuous actions."
+    )
+    activation: Activation = Field(default="tanh", description="Hidden-layer nonlinearity.")
+    cnn_channels: list[int] = Field(
+        default_factory=_default_cnn_channels,
+        description="Conv output channels (1-3 Nature-DQN layers); cnn only.",
+    )
+    cnn_feature_dim: int = Field(
+        default=256, ge=1, description="Linear width after the convs; cnn only."
+    )
+    precision: Precision = Field(default="fp32", description="Parameter dtype: fp32 or bf16.")
+
+    @field_validator("model_type")
+    @classmethod
+    def _check_model_type(cls, value: str) -> str:
+        from rlinf.embodied.models.registry import available_policies
+
+        names = available_policies()
+        if value in names:
+            return value
+        close = difflib.get_close_matches(value, names, n=1, cutoff=0.4)
+        hint = f" Did you mean model_type: {close[0]}?" if close else ""
+        raise ValueError(
+            f"model_type {value!r} is not a registered policy (registered: "
+            f"{', '.join(names)}).{hint} Set model_type to a registered name, or register "
+            f"a new policy class with @register_policy({value!r})"
+        )
+
+    @field_validator("hidden_dims")
+    @classmethod
+    def _check_hidden_dims(cls, value: list[int]) -> list[int]:
+        if any(width < 1 for width in value):
+            raise ValueError(
+                f"hidden_dims={value} has a width below 1; every hidden layer needs at "
+                "least one unit, e.g. hidden_dims: [64, 64] (an empty list gives linear heads)"
+            )
+        return value
+
+    @field_validator("cnn_channels")
+    @classmethod
+    def _check_cnn_channels(cls, value: list[int]) -> list[int]:
+        if not 1 <= len(value) <= _MAX_CNN_LAYERS or any(c < 1 for c in value):
+            raise ValueError(
+                f"cnn_channels={value} must list 1 to {_MAX_CNN_LAYERS} positive channel "
+                "counts (one per Nature-DQN conv layer), e.g. cnn_channels: [32, 64, 64]"
+            )
+        return value
+
+    @property
+    def value_dim(self) -> int:
+        """``V``: values per step (``num_action_chunks`` for action_level, 1 for chunk_level)."""
+        return self.num_action_chunks if self.value_type == "action_level" else 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype named by ``precision``."""
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
