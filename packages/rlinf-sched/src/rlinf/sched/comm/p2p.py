@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 import ray
@@ -96,9 +97,17 @@ def _map_tensors(obj: Any, fn: Callable[[Any], Any], torch: Any) -> Any:
     return obj
 
 
+_cuda_available: bool | None = None
+
+
 def _stage_out(obj: Any) -> Any:
+    global _cuda_available
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if torch is None or isinstance(obj, bytes | str | int | float) or obj is None:
+        return obj
+    if _cuda_available is None:
+        _cuda_available = bool(torch.cuda.is_available())
+    if not _cuda_available:
         return obj
 
     def stage(t: Any) -> Any:
@@ -134,6 +143,7 @@ class P2PEndpoint:
         self._lock = threading.Lock()
         self._peers: dict[Address, Any] = {}
         self._pings: dict[Address, Any] = {}
+        self._last: dict[tuple[str, Address], Future[Any]] = {}
 
     # ----- public operations ----------------------------------------------------------
     def send(
@@ -148,14 +158,10 @@ class P2PEndpoint:
         dst = _check_address(dst, "dst")
         bound = default_timeout() if timeout is None else timeout
         desc = f"send {self._key} -> {dst[0]}[{dst[1]}]"
-        future = self._executor("send", dst).submit(
-            self._do_send, obj, dst, key or self._key, bound, desc
+        work = self._run(
+            ("send", dst), async_op, desc, self._do_send, obj, dst, key or self._key, bound, desc
         )
-        work = CommWork(future, desc)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return work if isinstance(work, CommWork) else None
 
     def recv(
         self,
@@ -169,9 +175,7 @@ class P2PEndpoint:
         bound = default_timeout() if timeout is None else timeout
         desc = f"recv {self._key} <- {src[0]}[{src[1]}]"
         lane = key or f"{src[0]}:{src[1]}"
-        future = self._executor("recv", src).submit(self._do_recv, src, lane, bound, desc)
-        work = CommWork(future, desc)
-        return work if async_op else work.wait()
+        return self._run(("recv", src), async_op, desc, self._do_recv, src, lane, bound, desc)
 
     def broadcast(
         self,
@@ -215,13 +219,34 @@ class P2PEndpoint:
             ex.shutdown(wait=False, cancel_futures=True)
 
     # ----- internals ------------------------------------------------------------------
-    def _executor(self, direction: str, peer: Address) -> ThreadPoolExecutor:
+    def _run(
+        self,
+        queue: tuple[str, Address],
+        async_op: bool,
+        desc: str,
+        fn: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
+        """Runs one operation in order with the others of its (direction, peer) queue.
+
+        An asynchronous operation goes to the queue's thread. A synchronous
+        one waits for the queue's last asynchronous operation (order), then
+        runs in the caller's thread: no thread hand-off on the common path.
+        """
+        if async_op:
+            with self._lock:
+                ex = self._executors.get(queue)
+                if ex is None:
+                    name = f"rlinf-{queue[0]}-{queue[1][0]}"
+                    ex = self._executors[queue] = ThreadPoolExecutor(1, thread_name_prefix=name)
+                future = ex.submit(fn, *args)
+                self._last[queue] = future
+            return CommWork(future, desc)
         with self._lock:
-            ex = self._executors.get((direction, peer))
-            if ex is None:
-                ex = ThreadPoolExecutor(1, thread_name_prefix=f"rlinf-{direction}-{peer[0]}")
-                self._executors[(direction, peer)] = ex
-            return ex
+            last = self._last.pop(queue, None)
+        if last is not None:
+            wait_futures([last])
+        return fn(*args)
 
     def _do_send(self, obj: Any, dst: Address, lane: str, bound: float, desc: str) -> None:
         deadline = time.monotonic() + bound
