@@ -274,3 +274,39 @@ def test_three_groups_two_channels_pipelined(cluster) -> None:
     finally:
         for g in (producers, transformers, consumer):
             g.shutdown()
+
+
+def test_from_group_name_reattaches(pair) -> None:
+    from rlinf.sched import WorkerGroup
+
+    again = WorkerGroup.from_group_name("a")
+    assert again.world_size == 2 and again.name == "a"
+    assert again.pid().wait(timeout=60) == pair[0].pid().wait(timeout=60)
+    with pytest.raises(ValueError, match=r"no worker group named 'nope'.*launched groups: .*'a'"):
+        WorkerGroup.from_group_name("nope")
+
+
+class CudaPeer(Worker):
+    def send_cuda(self, dst: str) -> list[float]:
+        t = torch.arange(8, dtype=torch.float32, device="cuda")
+        self.send({"t": t}, dst, 0)
+        return t.cpu().tolist()
+
+    def recv_cuda(self, src: str) -> tuple[str, list[float]]:
+        t = self.recv(src, 0)["t"]
+        return str(t.device), t.cpu().tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def test_cuda_tensor_between_workers_on_one_gpu(cluster) -> None:
+    # Two workers sharing GPU 0: the tensor arrives on the receiver's GPU, equal.
+    s = CudaPeer.create_group().launch(cluster, PackedPlacementStrategy(0, 0), name="gs")
+    r = CudaPeer.create_group().launch(cluster, PackedPlacementStrategy(0, 0), name="gr")
+    try:
+        got = r.recv_cuda("gs")
+        sent = s.send_cuda("gr").wait(timeout=120)[0]
+        device, values = got.wait(timeout=120)[0]
+        assert device.startswith("cuda") and values == sent
+    finally:
+        s.shutdown()
+        r.shutdown()

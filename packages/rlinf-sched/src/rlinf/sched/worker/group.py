@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlinf.core._native import segment_name
 from rlinf.core.channel import NAMESPACE_ENV, default_namespace
 from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
+from rlinf.sched.comm.directory import get_directory
 from rlinf.sched.comm.p2p import inbox_name
 from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
 from rlinf.sched.worker.device_lock import DEVICES_ENV
@@ -206,7 +207,38 @@ class WorkerGroup:
         self._actors, self._placements, self._name = actors, placements, name
         self._node_ids = [info.nodes[p.node_rank].ray_node_id for p in placements]
         self._call("ping", (), {}, list(range(len(actors)))).wait(timeout=timeout)
+        directory = get_directory()
+        if directory is not None:
+            record = {"cls": self._cls, "placements": placements, "node_ids": self._node_ids}
+            ray.get(directory.register_group.remote(name, record), timeout=timeout)
         return self
+
+    @classmethod
+    def from_group_name(cls, name: str, timeout: float = 60.0) -> WorkerGroup:
+        """Reattaches to a group launched elsewhere (another driver or a worker) by name.
+
+        Raises:
+            ValueError: If no group of that name was launched on this cluster;
+                the message lists the launched groups.
+        """
+        directory = get_directory()
+        record = None
+        if directory is not None:
+            record = ray.get(directory.group.remote(name), timeout=timeout)
+        if record is None:
+            known = ray.get(directory.group_names.remote(), timeout=timeout) if directory else []
+            raise ValueError(
+                f"no worker group named {name!r} is running on this cluster "
+                f"(launched groups: {known or 'none'}); launch it first or check the name"
+            )
+        group = cls(record["cls"], (), {})
+        group._actors = [
+            ray.get_actor(f"{name}:{rank}", namespace=RAY_NAMESPACE)
+            for rank in range(len(record["placements"]))
+        ]
+        group._placements, group._name = list(record["placements"]), name
+        group._node_ids = list(record["node_ids"])
+        return group
 
     # ----- calls --------------------------------------------------------------------
     @property
@@ -284,6 +316,11 @@ class WorkerGroup:
         for actor in self._actors:
             with contextlib.suppress(Exception):  # already dead is fine
                 ray.kill(actor)
+        if self._actors:
+            directory = get_directory()
+            if directory is not None:
+                with contextlib.suppress(Exception):
+                    ray.get(directory.unregister_group.remote(self._name), timeout=timeout)
         self._actors = []
 
 
