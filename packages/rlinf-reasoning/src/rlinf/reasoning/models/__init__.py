@@ -1,0 +1,28 @@
+"""Model helpers shared by the rollout engines and the actor.
+
+* :mod:`rlinf.reasoning.models.logprobs`: the single definition of a token's
+  log-probability (``log_softmax(logits / temperature)`` in float32), used both
+  at generation time and by the actor's recomputation.
+* :mod:`rlinf.reasoning.models.loading`: loading a local Hugging Face causal LM
+  with errors that name the path, and dtype/device parsing.
+"""
+
+from rlinf.reasoning.models.loading import load_causal_lm, resolve_device, resolve_dtype
+from rlinf.reasoning.models.logprobs import (
+    compute_token_logprobs,
+    compute_token_logprobs_and_entropy,
+    entropy_from_logits,
+    position_ids_from_attention_mask,
+    token_logprobs_from_logits,
+)
+
+__all__ = [
+    "compute_token_logprobs",
+    "compute_token_logprobs_and_entropy",
+    "entropy_from_logits",
+    "load_causal_lm",
+    "position_ids_from_attention_mask",
+    "resolve_device",
+    "resolve_dtype",
+    "token_logprobs_from_logits",
+]

@@ -1,0 +1,103 @@
+"""SamplingParams validation, top-k/top-p filtering and the engine registry."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from rlinf.reasoning.engines import (
+    SamplingParams,
+    available_engines,
+    filter_logits,
+    get_engine_class,
+    register_engine,
+)
+from rlinf.reasoning.engines.hf import HFEngine
+from rlinf.reasoning.models import entropy_from_logits, token_logprobs_from_logits
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"temperature": 0.0}, "temperature"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop_token_ids": [1, -3]}, "stop_token_ids"),
+        ({"stop_token_ids": "12"}, "stop_token_ids"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_invalid_sampling_params_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_sampling_params_defaults_and_normalisation() -> None:
+    p = SamplingParams(temperature=1, top_p=1, top_k=0, stop_token_ids=[5, 6], seed=3)
+    assert p.temperature == 1.0 and isinstance(p.temperature, float)
+    assert p.stop_token_ids == (5, 6)
+    assert not p.top_k_enabled and not p.is_greedy
+    assert SamplingParams(top_k=1).is_greedy
+    assert SamplingParams(top_k=4).top_k_enabled
+    with pytest.raises(AttributeError):
+        p.temperature = 2.0  # type: ignore[misc]
+
+
+def test_filter_logits_top_k_and_top_p() -> None:
+    probs = torch.tensor([[0.5, 0.25, 0.15, 0.07, 0.03]])
+    logits = probs.log()
+
+    def kept(x: torch.Tensor) -> list[bool]:
+        return [bool(v) for v in torch.isfinite(x)[0]]
+
+    assert kept(filter_logits(logits, top_k=2, top_p=1.0)) == [True, True, False, False, False]
+    # Nucleus: smallest prefix whose mass reaches top_p.
+    assert kept(filter_logits(logits, top_k=-1, top_p=0.5)) == [True, False, False, False, False]
+    assert kept(filter_logits(logits, top_k=-1, top_p=0.6)) == [True, True, False, False, False]
+    assert kept(filter_logits(logits, top_k=-1, top_p=0.9)) == [True, True, True, False, False]
+    assert kept(filter_logits(logits, top_k=-1, top_p=1e-6)) == [True] + [False] * 4
+    # top-k first, then top-p over the renormalised remainder (0.5/0.9 = 0.56 < 0.6).
+    assert kept(filter_logits(logits, top_k=3, top_p=0.6)) == [True, True, False, False, False]
+    # Disabled filters return the input untouched; order within a row does not matter.
+    assert filter_logits(logits, top_k=0, top_p=1.0) is logits
+    shuffled = logits[:, [3, 0, 4, 2, 1]]
+    assert kept(filter_logits(shuffled, top_k=-1, top_p=0.6)) == [False, True, False, False, True]
+
+
+def test_logprob_and_entropy_helpers() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.bfloat16)
+    lp = token_logprobs_from_logits(logits, torch.tensor([0]), temperature=0.5)
+    assert lp.dtype == torch.float32
+    expected = torch.log_softmax(torch.tensor([4.0, 2.0, 0.0]), -1)[0]
+    assert lp.item() == pytest.approx(expected.item(), abs=1e-6)
+    uniform = entropy_from_logits(torch.zeros(2, 4))
+    assert torch.allclose(uniform, torch.full((2,), math.log(4)))
+
+
+def test_registry_names_and_errors() -> None:
+    assert {"hf", "sglang", "vllm"} <= set(available_engines())
+    assert get_engine_class("hf") is HFEngine
+    with pytest.raises(ValueError, match=r"unknown rollout engine 'nope'.*hf"):
+        get_engine_class("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_engine("hf", lambda: HFEngine)
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+def test_gpu_backends_fail_with_the_extra_to_install(name: str) -> None:
+    with pytest.raises(ImportError) as info:
+        get_engine_class(name)
+    message = str(info.value)
+    assert "GPU" in message
+    if importlib.util.find_spec(name) is None:
+        assert f"rlinf-reasoning[{name}]" in message
