@@ -29,3 +29,8 @@ __all__ = [
     "RolloutWorker",
     "Trajectory",
 ]
+
+# Reasoning messages (one prompt group per channel item).
+from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+
+__all__ += ["RolloutRequest", "RolloutResult"]

@@ -142,6 +142,10 @@ class Trajectory:
         forward_inputs: dict of [T, n, ...] tensors.
         versions: [T] weight version per chunk step.
         group_ids: [n] GRPO group of each env (envs of a group share a seed).
+        alive: Optional [T, n, C] bool: True where the sub-step advanced a live
+            episode (False for the sub-steps of a chunk after its episode ended,
+            and for envs held after their episode ended without auto-reset).
+            None means every sub-step is alive.
     """
 
     actions: torch.Tensor
@@ -154,6 +158,7 @@ class Trajectory:
     forward_inputs: dict[str, torch.Tensor]
     versions: torch.Tensor
     group_ids: torch.Tensor
+    alive: torch.Tensor | None = None
 
     @property
     def num_envs(self) -> int:

@@ -1,0 +1,267 @@
+"""Pipelined rollout: env steps/s with ``pipeline_stage_num: 2`` versus 1, in one run.
+
+A synthetic env and a synthetic policy (both registered here and imported by the
+workers through ``runner.plugin_modules``) cost the same sleep per env, on
+different CPU slots (env on slot 0, rollout on slot 1). With one stage the env
+and the policy take turns; with two stages the env simulates one half of its
+envs while the policy acts on the other half, so the rollout time approaches
+half. Asserted: >= 1.6x (ideal 2x). Reported without assertion (``-m slow``): the
+same ratio for CartPole and ManiSkill PickCube (state, CPU sim) with the MLP policy.
+
+Both settings use the same launched worker groups (``init_workers`` rebuilds
+the envs for each stage count); each is measured over several rollouts after a
+warm-up, in interleaved blocks so load bursts hit both alike.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+import torch
+from numpy.typing import NDArray
+from torch import Tensor, nn
+
+from rlinf.core.config import compose_config, validate_config
+from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.envs import StepResult, VectorEnv, available_envs, register_env
+from rlinf.embodied.models import BasePolicy, PolicyConfig, available_policies, register_policy
+from rlinf.embodied.runner import EmbodiedRunner
+from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
+COST_PER_ENV_S = 2e-3
+"""Sleep per env and call, for the synthetic env step and the synthetic policy alike."""
+STATE_DIM = 4
+
+
+class SleepyEnv(VectorEnv):
+    """Does nothing for ``COST_PER_ENV_S`` per stepped env and sub-step; episodes never end."""
+
+    def _setup(self) -> EnvSpec:
+        return EnvSpec(
+            state_dim=STATE_DIM,
+            image_shape=None,
+            action_dim=1,
+            action_low=(-1.0,),
+            action_high=(1.0,),
+            max_episode_steps=1_000_000,
+        )
+
+    def _reset_envs(self, env_ids: NDArray[Any], seeds: NDArray[Any]) -> dict[str, Tensor]:
+        return {"states": torch.zeros(len(env_ids), STATE_DIM)}
+
+    def _step_envs(self, actions: Tensor, active: NDArray[Any]) -> StepResult:
+        time.sleep(COST_PER_ENV_S * int(active.sum()))
+        n = self.num_envs
+        return StepResult(
+            obs={"states": torch.zeros(n, STATE_DIM)},
+            rewards=np.zeros(n),
+            terminated=np.zeros(n, dtype=bool),
+            truncated=np.zeros(n, dtype=bool),
+        )
+
+    def _close(self) -> None:
+        pass
+
+
+class SleepyPolicy(BasePolicy):
+    """Sleeps ``COST_PER_ENV_S`` per env when acting; one linear layer makes it trainable."""
+
+    def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
+        super().__init__(cfg, spec)
+        self.linear = nn.Linear(STATE_DIM, 1)
+
+    def predict_action_batch(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        states = obs["states"]
+        n, c = states.shape[0], self.num_action_chunks
+        time.sleep(COST_PER_ENV_S * n)
+        actions = torch.zeros(n, c, 1)
+        return PolicyOutput(
+            actions=actions,
+            prev_logprobs=torch.zeros(n, c),
+            prev_values=torch.zeros(n, self.value_dim),
+            forward_inputs={"states": states, "action": actions},
+        )
+
+    def default_forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        out = self.linear(forward_inputs["states"]) * 0.0
+        c = self.num_action_chunks
+        return {
+            "logprobs": out.expand(-1, c),
+            "entropy": out.expand(-1, c),
+            "values": out.expand(-1, self.value_dim),
+        }
+
+    def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
+        return torch.zeros(obs["states"].shape[0], self.value_dim)
+
+
+# The workers import this file again (runner.plugin_modules) under another module name.
+if "sleepy" not in available_envs():
+    register_env("sleepy")(SleepyEnv)
+if "sleepy" not in available_policies():
+    register_policy("sleepy")(SleepyPolicy)
+
+PLACEMENT = {"actor": 0, "env": 0, "rollout": 1}
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[WorkerGroup], Path]]:
+    assert not ray.is_initialized()
+    log_path = tmp_path_factory.mktemp("pipeline")
+    cfg = synthetic_config(log_path, 1)
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
+        placement = HybridComponentPlacement(PLACEMENT, cluster.info)
+        roles = (
+            (EmbodiedFSDPActor, "actor"),
+            (MultiStepRolloutWorker, "rollout"),
+            (EnvWorker, "env"),
+        )
+        unlaunched = [cls.create_group(cfg) for cls, _ in roles]
+        try:
+            with ThreadPoolExecutor(len(roles)) as pool:  # start the three groups together
+                futures = [
+                    pool.submit(
+                        group.launch,
+                        cluster,
+                        placement_strategy=placement.get_strategy(name),
+                        name=f"pipe-{name}",
+                        timeout=300,  # slow starts on a busy 2-core machine
+                    )
+                    for group, (_, name) in zip(unlaunched, roles, strict=True)
+                ]
+                for future in futures:
+                    future.result()
+            yield unlaunched, log_path
+        finally:
+            for group in unlaunched:
+                group.shutdown()
+
+
+def _with(data: dict[str, Any], log_path: Path, stages: int) -> EmbodiedConfig:
+    data["cluster"]["component_placement"] = PLACEMENT
+    data["cluster"]["cpu_slots_per_node"] = 2
+    data["rollout"]["pipeline_stage_num"] = stages
+    data["runner"]["logger"]["log_path"] = str(log_path)
+    data["runner"]["plugin_modules"] = [str(Path(__file__).resolve())]
+    data["env"]["eval"] = None
+    return validate_config(data, EmbodiedConfig)
+
+
+def synthetic_config(log_path: Path, stages: int) -> EmbodiedConfig:
+    data = compose_config(
+        "cartpole_ppo_mlp",
+        CONFIG_DIR,
+        [
+            "env.train.env_type=sleepy",
+            "env.train.env_id=sleepy",
+            "env.train.num_envs=16",
+            "env.train.max_steps_per_rollout_epoch=16",
+            "actor.model.model_type=sleepy",
+            "actor.global_batch_size=16",
+            "actor.micro_batch_size=16",
+        ],
+    )
+    return _with(data, log_path, stages)
+
+
+def cartpole_config(log_path: Path, stages: int) -> EmbodiedConfig:
+    data = compose_config(
+        "cartpole_ppo_mlp", CONFIG_DIR, ["env.train.num_envs=32", "actor.global_batch_size=512"]
+    )
+    return _with(data, log_path, stages)
+
+
+def maniskill_config(log_path: Path, stages: int) -> EmbodiedConfig:
+    data = compose_config(
+        "maniskill_pickcube_ppo_mlp",
+        CONFIG_DIR,
+        [
+            "env.train.num_envs=8",
+            "env.train.sim_backend=cpu",
+            "env.train.max_steps_per_rollout_epoch=20",
+            "env.train.max_episode_steps=20",
+            "actor.global_batch_size=160",
+            "actor.micro_batch_size=160",
+            "runner.val_check_interval=-1",
+            "runner.save_interval=-1",
+        ],
+    )
+    return _with(data, log_path, stages)
+
+
+def steps_per_second(
+    groups: list[WorkerGroup], make: Callable[[int], EmbodiedConfig], rounds: int, blocks: int
+) -> dict[int, float]:
+    """Env steps/s of ``generate_rollouts`` per stage count (median over interleaved blocks)."""
+    actor, rollout, env = groups
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(blocks):
+        for stages in (1, 2):
+            with EmbodiedRunner(make(stages), actor, rollout, env) as runner:
+                runner.init_workers()
+                runner.update_rollout_weights()
+                runner.generate_rollouts()  # warm-up: first reset, first inference
+                for _ in range(rounds):
+                    metrics = runner.generate_rollouts()
+                    rates[stages].append(metrics["rollout/env_steps_per_s"])
+    return {s: statistics.median(v) for s, v in rates.items()}
+
+
+def test_two_stages_overlap_env_and_policy(
+    groups: tuple[list[WorkerGroup], Path], report: Callable[[str], None]
+) -> None:
+    launched, log_path = groups
+    rates = steps_per_second(launched, lambda s: synthetic_config(log_path, s), rounds=3, blocks=2)
+    ratio = rates[2] / rates[1]
+    report(
+        f"pipeline synthetic (equal env/policy cost {COST_PER_ENV_S * 1e3:.1f} ms per env): "
+        f"1 stage {rates[1]:.0f} env steps/s, 2 stages {rates[2]:.0f} -> {ratio:.2f}x "
+        "(ideal 2x, required >= 1.6x)"
+    )
+    assert ratio >= 1.6, rates
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_report_cartpole_and_maniskill_ratios(
+    groups: tuple[list[WorkerGroup], Path], report: Callable[[str], None]
+) -> None:
+    launched, log_path = groups
+    rates = steps_per_second(launched, lambda s: cartpole_config(log_path, s), rounds=3, blocks=1)
+    report(
+        f"pipeline CartPole-v1 + MLP (32 envs): 1 stage {rates[1]:.0f} env steps/s, "
+        f"2 stages {rates[2]:.0f} -> {rates[2] / rates[1]:.2f}x"
+    )
+    if importlib.util.find_spec("mani_skill") is None:
+        report("pipeline ManiSkill PickCube-v1 (state): skipped, ManiSkill is not installed")
+        return
+    rates = steps_per_second(launched, lambda s: maniskill_config(log_path, s), rounds=2, blocks=1)
+    report(
+        f"pipeline ManiSkill PickCube-v1 state + MLP (8 CPU-sim envs): 1 stage {rates[1]:.0f} "
+        f"env steps/s, 2 stages {rates[2]:.0f} -> {rates[2] / rates[1]:.2f}x"
+    )

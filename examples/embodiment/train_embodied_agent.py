@@ -1,0 +1,78 @@
+"""Train an embodied agent: env, rollout and actor groups driven by the EmbodiedRunner.
+
+Examples:
+    uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp
+    uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp \
+        runner.max_epochs=10 'cluster.component_placement={actor,env,rollout: 0-1}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
+from rlinf.core.logging import setup_logging
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.runner import EmbodiedRunner
+from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.sched import Cluster, HybridComponentPlacement
+
+CONFIG_DIR = Path(__file__).resolve().parent / "config"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Train an embodied agent (PPO/GRPO) with env, rollout and actor groups.",
+        epilog="Configs: " + ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))),
+    )
+    add_config_arguments(parser, str(CONFIG_DIR), "cartpole_ppo_mlp")
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        cfg = config_from_args(args, schema=EmbodiedConfig)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
+    groups = []
+    runner = None
+    try:
+        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+        actor = EmbodiedFSDPActor.create_group(cfg).launch(
+            cluster, placement_strategy=placement.get_strategy("actor"), name="ActorGroup"
+        )
+        groups.append(actor)
+        rollout = MultiStepRolloutWorker.create_group(cfg).launch(
+            cluster, placement_strategy=placement.get_strategy("rollout"), name="RolloutGroup"
+        )
+        groups.append(rollout)
+        env = EnvWorker.create_group(cfg).launch(
+            cluster, placement_strategy=placement.get_strategy("env"), name="EnvGroup"
+        )
+        groups.append(env)
+
+        runner = EmbodiedRunner(cfg=cfg, actor=actor, rollout=rollout, env=env)
+        print(
+            f"TensorBoard logs: {runner.tensorboard_dir.resolve()}\n"
+            f"  view them with: tensorboard --logdir {runner.tensorboard_dir.resolve()}",
+            flush=True,
+        )
+        runner.init_workers()
+        metrics = runner.run()
+        summary = {k: v for k, v in metrics.items() if k.startswith(("eval/", "env/"))}
+        print("final metrics:", {k: round(v, 4) for k, v in sorted(summary.items())}, flush=True)
+        print(f"TensorBoard logs: {runner.tensorboard_dir.resolve()}", flush=True)
+    finally:
+        if runner is not None:
+            runner.close()
+        for group in reversed(groups):
+            group.shutdown()
+        cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""``EmbodiedConfig``: the validated config tree of an embodied training run.
+
+Sections (``examples/embodiment/config/*.yaml`` show all of them)::
+
+    cluster:    num_nodes, component_placement, cpu_slots_per_node, node_groups
+    runner:     max_epochs / max_steps, val_check_interval, save_interval, resume_dir,
+                seed, logger, val_before_train, plugin_modules, timeouts
+    algorithm:  adv_type (gae | grpo), loss_type (actor_critic | actor), gamma, gae_lambda,
+                clip ratios, value_clip, huber_delta, entropy_bonus, update_epoch,
+                normalize_advantages, group_size, reward_type, bootstrap_type, loss_agg_mode
+    env:        train / eval (an EnvConfig each; num_envs counts one env rank's envs over
+                all pipeline stages; max_steps_per_rollout_epoch is the rollout length)
+    rollout:    pipeline_stage_num, enable_offload
+    actor:      model (a PolicyConfig), optim, global_batch_size, micro_batch_size, seed,
+                enable_offload, dist_backend
+
+Every cross-field rule raises an error that starts with the dotted key it is about,
+shows the values and says how to fix it (``rlinf.core.config`` turns it into a
+``ConfigError`` entry for that key). Rules that need the world sizes of the
+placed groups are checked by :meth:`EmbodiedConfig.check_world_sizes` once the
+groups exist (the runner calls it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rlinf.core.config import ConfigError, ConfigIssue, RLinfModel, RunnerConfig
+from rlinf.core.config.errors import NO_VALUE
+from rlinf.embodied.envs.config import EnvConfig
+from rlinf.embodied.models.config import PolicyConfig
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "EmbodiedClusterConfig",
+    "EmbodiedConfig",
+    "EmbodiedEnvConfig",
+    "EmbodiedRunnerConfig",
+    "EnvSplitConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "import_plugins",
+]
+
+COMPONENTS = ("actor", "env", "rollout")
+"""Components an embodied run places."""
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Imports modules (dotted names or ``.py`` paths) that register envs or policies.
+
+    Args:
+        modules: ``my_pkg.my_envs`` or ``path/to/my_envs.py`` entries.
+
+    Raises:
+        ImportError: A module cannot be imported (the message names it).
+    """
+    for entry in modules:
+        try:
+            if entry.endswith(".py"):
+                path = Path(entry).expanduser().resolve()
+                name = f"rlinf_plugin_{path.stem}_{abs(hash(str(path))) % 10**8}"
+                if name in sys.modules:
+                    continue
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"cannot load {path}")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(entry)
+        except Exception as exc:
+            raise ImportError(
+                f"runner.plugin_modules entry {entry!r} could not be imported "
+                f"({type(exc).__name__}: {exc}); fix the module or remove the entry"
+            ) from exc
+
+
+class EmbodiedClusterConfig(RLinfModel):
+    """Where the groups run (``cluster``).
+
+    ``component_placement`` maps ``actor``, ``env`` and ``rollout`` (alone or
+    comma-joined, e.g. ``"actor,env,rollout": 0-1``) to resource ranks: GPUs,
+    or CPU slots when ``cpu_slots_per_node`` > 0 on a CPU machine.
+    """
+
+    num_nodes: int = Field(1, ge=1, description="Nodes the run needs.")
+    component_placement: dict[str, Any] = Field(
+        ..., description="Component names -> resource ranks (the placement grammar)."
+    )
+    cpu_slots_per_node: int = Field(
+        0, ge=0, description="CPU machines: resource ranks per node (0: one per node)."
+    )
+    node_groups: list[dict[str, Any]] | None = Field(
+        None, description="Labelled node sets with per-node environments (optional)."
+    )
+
+    @field_validator("component_placement")
+    @classmethod
+    def _check_placement(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from rlinf.sched.placement.grammar import parse_component_placement
+
+        specs = parse_component_placement(value)
+        names = [n for spec in specs for n in spec.names]
+        unknown = sorted(set(names) - set(COMPONENTS))
+        missing = [c for c in COMPONENTS if c not in names]
+        if unknown:
+            raise ValueError(
+                f"names unknown components {unknown}; an embodied run places "
+                f"{', '.join(COMPONENTS)} (e.g. actor: 0-1, env: 0, rollout: 1)"
+            )
+        if missing:
+            raise ValueError(
+                f"does not place {missing}; add them, e.g. 'actor,env,rollout: 0' "
+                "(collocated) or actor: 0-1, env: 0, rollout: 1 (hybrid)"
+            )
+        return value
+
+
+class EmbodiedRunnerConfig(RunnerConfig):
+    """The training loop (``runner``).
+
+    Training runs ``max_epochs`` steps (one rollout + one update each), capped
+    by ``max_steps`` when that is set.
+    """
+
+    val_before_train: bool = Field(
+        False, description="Evaluate once before the first training step (logged at step 0)."
+    )
+    plugin_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules or .py files every process imports first (custom envs/policies).",
+    )
+    channel_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for one message between env, rollout and actor."
+    )
+    step_timeout_s: float = Field(
+        3600.0, gt=0, description="Longest wait for one phase of a step (rollout, training...)."
+    )
+
+    @property
+    def total_steps(self) -> int:
+        """Training steps of the run: ``max_epochs`` capped by ``max_steps`` (if set)."""
+        return self.max_epochs if self.max_steps < 0 else min(self.max_epochs, self.max_steps)
+
+
+class AlgorithmConfig(RLinfModel):
+    """Advantage estimator and losses (``algorithm``)."""
+
+    adv_type: Literal["gae", "grpo"] = Field("gae", description="gae (PPO) or grpo.")
+    loss_type: Literal["actor_critic", "actor"] = Field(
+        "actor_critic",
+        description="actor_critic: PPO policy + value loss; actor: policy loss only (GRPO).",
+    )
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount per sub-step (or per chunk).")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="PPO clip below 1.")
+    clip_ratio_high: float | None = Field(
+        None, gt=0, description="PPO clip above 1; null: clip_ratio_low."
+    )
+    value_clip: float | None = Field(
+        0.2, gt=0, description="Clip of value updates around the rollout values; null: none."
+    )
+    huber_delta: float | None = Field(
+        None, gt=0, description="Huber delta of the value loss; null: 0.5 * MSE."
+    )
+    entropy_bonus: float = Field(0.0, ge=0, description="Entropy coefficient.")
+    update_epoch: int = Field(4, ge=1, description="Passes over each rollout batch.")
+    normalize_advantages: bool = Field(
+        True, description="gae: whiten advantages over all actor ranks' valid entries."
+    )
+    group_size: int = Field(1, ge=1, description="GRPO group: envs that share a reset seed.")
+    reward_type: Literal["action_level", "chunk_level"] = Field(
+        "action_level", description="Credit per sub-step or per chunk."
+    )
+    bootstrap_type: Literal["standard", "always"] = Field(
+        "standard",
+        description="Add gamma * V(final obs) to the last reward on truncation (standard) "
+        "or on any episode end (always).",
+    )
+    loss_agg_mode: Literal["token-mean", "episode-length-norm"] = Field(
+        "token-mean", description="Loss reduction (episode-length-norm: no auto-reset runs)."
+    )
+
+
+class EnvSplitConfig(EnvConfig):
+    """One env split (``env.train`` / ``env.eval``): an :class:`EnvConfig` plus its rollout length.
+
+    ``num_envs`` counts the envs of one env worker rank over all pipeline
+    stages; each stage builds ``num_envs / rollout.pipeline_stage_num``.
+    """
+
+    num_envs: int = Field(
+        1, ge=1, description="Envs per env worker rank over all stages (split into stages)."
+    )
+    max_steps_per_rollout_epoch: int | None = Field(
+        None,
+        ge=1,
+        description="Env sub-steps per env per rollout (train: per training step); "
+        "null: max_episode_steps.",
+    )
+
+
+class EmbodiedEnvConfig(RLinfModel):
+    """Train and eval envs (``env``)."""
+
+    train: EnvSplitConfig
+    eval: EnvSplitConfig | None = Field(None, description="Eval envs; null disables eval.")
+
+
+class RolloutConfig(RLinfModel):
+    """The rollout workers (``rollout``)."""
+
+    pipeline_stage_num: int = Field(
+        1, ge=1, description="Env stages per env rank; 2 overlaps simulation and inference."
+    )
+    enable_offload: bool | None = Field(
+        None, description="Offload the policy between rollouts; null: when collocated."
+    )
+
+
+class OptimConfig(RLinfModel):
+    """AdamW and its schedule (``actor.optim``)."""
+
+    lr: float = Field(3e-4, gt=0, description="Learning rate of the policy parameters.")
+    value_lr: float | None = Field(
+        None, gt=0, description="Learning rate of value_head parameters; null: lr."
+    )
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    clip_grad: float | None = Field(
+        0.5,
+        gt=0,
+        description="Gradient norm clip, applied to the policy and the value head separately; "
+        "null disables clipping.",
+    )
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR schedule over the run's training steps."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up in training steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final LR / LR for linear, cosine.")
+
+
+class ActorConfig(RLinfModel):
+    """The training workers (``actor``)."""
+
+    model: PolicyConfig = Field(default_factory=PolicyConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)  # type: ignore[arg-type]
+    global_batch_size: int = Field(
+        ..., ge=1, description="Samples per optimizer step over all actor ranks."
+    )
+    micro_batch_size: int = Field(..., ge=1, description="Samples per forward/backward per rank.")
+    seed: int = Field(1234, ge=0, description="Model init and shuffling seed.")
+    enable_offload: bool | None = Field(
+        None, description="Offload optimizer state between phases; null: when collocated."
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend: auto picks nccl with CUDA, else gloo."
+    )
+
+
+class EmbodiedConfig(RLinfModel):
+    """Top-level schema of an embodied run (the ``embodied`` config schema)."""
+
+    cluster: EmbodiedClusterConfig
+    runner: EmbodiedRunnerConfig = Field(default_factory=EmbodiedRunnerConfig)  # type: ignore[arg-type]
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)  # type: ignore[arg-type]
+    env: EmbodiedEnvConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
+    actor: ActorConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        # Custom envs/policies must be registered before actor.model.model_type is checked.
+        if isinstance(data, dict):
+            runner = data.get("runner")
+            modules = runner.get("plugin_modules") if isinstance(runner, dict) else None
+            if isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+                import_plugins(modules)
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> EmbodiedConfig:
+        alg, env, actor = self.algorithm, self.env, self.actor
+        stages = self.rollout.pipeline_stage_num
+        chunks = actor.model.num_action_chunks
+        if alg.adv_type == "gae":
+            if alg.loss_type != "actor_critic":
+                raise ValueError(
+                    f"algorithm.loss_type={alg.loss_type!r} does not fit adv_type 'gae': GAE "
+                    "produces value targets; set algorithm.loss_type: actor_critic"
+                )
+            if not actor.model.add_value_head:
+                raise ValueError(
+                    "actor.model.add_value_head=False but algorithm.adv_type 'gae' needs a "
+                    "critic; set actor.model.add_value_head: true"
+                )
+        else:
+            if alg.loss_type != "actor":
+                raise ValueError(
+                    f"algorithm.loss_type={alg.loss_type!r} does not fit adv_type 'grpo' "
+                    "(GRPO has no value targets); set algorithm.loss_type: actor"
+                )
+            if alg.group_size < 2:
+                raise ValueError(
+                    f"algorithm.group_size={alg.group_size} is too small for GRPO: a group "
+                    "baseline needs >= 2 envs per group; set algorithm.group_size: 8"
+                )
+            if env.train.group_size != alg.group_size:
+                raise ValueError(
+                    f"env.train.group_size={env.train.group_size} must equal "
+                    f"algorithm.group_size={alg.group_size} (envs of a GRPO group share a "
+                    f"reset seed); set env.train.group_size: {alg.group_size}"
+                )
+            if env.train.auto_reset:
+                raise ValueError(
+                    "env.train.auto_reset=True does not fit GRPO: the score of an env is the "
+                    "return of its first episode in the rollout; set env.train.auto_reset: false"
+                )
+        if alg.loss_agg_mode == "episode-length-norm" and env.train.auto_reset:
+            raise ValueError(
+                "algorithm.loss_agg_mode='episode-length-norm' needs env.train.auto_reset: false "
+                "(one episode per env and rollout); use loss_agg_mode: token-mean"
+            )
+        splits: list[tuple[str, EnvSplitConfig]] = [("train", env.train)]
+        if env.eval is not None:
+            splits.append(("eval", env.eval))
+        for name, split in splits:
+            per = stages * split.group_size
+            if split.num_envs % per != 0:
+                lower = (split.num_envs // per) * per
+                fixes = " or ".join(f"{m}" for m in (lower, lower + per) if m > 0)
+                raise ValueError(
+                    f"env.{name}.num_envs={split.num_envs} is not divisible by "
+                    f"rollout.pipeline_stage_num ({stages}) * env.{name}.group_size "
+                    f"({split.group_size}) = {per}: every stage needs whole groups; set "
+                    f"env.{name}.num_envs to {fixes}, or change pipeline_stage_num"
+                )
+            steps = split.max_steps_per_rollout_epoch or split.max_episode_steps
+            if steps is not None and steps % chunks != 0:
+                key = (
+                    "max_steps_per_rollout_epoch"
+                    if split.max_steps_per_rollout_epoch
+                    else "max_episode_steps"
+                )
+                raise ValueError(
+                    f"env.{name}.{key}={steps} is not divisible by "
+                    f"actor.model.num_action_chunks ({chunks}): a rollout is a whole number "
+                    f"of chunks; set it to {max(chunks, steps // chunks * chunks)}"
+                )
+        if env.eval is not None and not env.eval.auto_reset:
+            rollout_len = env.eval.max_steps_per_rollout_epoch
+            limit = env.eval.max_episode_steps
+            if rollout_len is not None and limit is not None and rollout_len < limit:
+                raise ValueError(
+                    f"env.eval.max_steps_per_rollout_epoch={rollout_len} is shorter than "
+                    f"env.eval.max_episode_steps={limit}: eval episodes would be cut "
+                    f"unfinished; set it to {limit} (or null)"
+                )
+        if actor.global_batch_size % actor.micro_batch_size != 0:
+            raise ValueError(
+                f"actor.global_batch_size={actor.global_batch_size} is not divisible by "
+                f"actor.micro_batch_size={actor.micro_batch_size}; set micro_batch_size to a "
+                "divisor of it"
+            )
+        return self
+
+    # ----------------------------------------------------------------- derived values
+
+    def stage_num_envs(self, split: Literal["train", "eval"] = "train") -> int:
+        """Envs of one (env rank, pipeline stage): ``num_envs / pipeline_stage_num``."""
+        cfg = self.env.train if split == "train" else self.env.eval
+        if cfg is None:
+            raise ValueError("env.eval is null: this run has no eval envs")
+        return cfg.num_envs // self.rollout.pipeline_stage_num
+
+    def check_world_sizes(
+        self, *, actor: int, env: int, rollout: int, max_episode_steps: int | None = None
+    ) -> None:
+        """Checks the rules that need the placed groups' world sizes.
+
+        Args:
+            actor: Actor ranks ``Wa``.
+            env: Env ranks ``We``.
+            rollout: Rollout ranks ``Wr``.
+            max_episode_steps: The train env's resolved episode limit (when
+                ``max_steps_per_rollout_epoch`` is null).
+
+        Raises:
+            ConfigError: Naming the key to change, with the numbers and the fix.
+        """
+        issues: list[ConfigIssue] = []
+        stages = self.rollout.pipeline_stage_num
+        n_stage = self.stage_num_envs("train")
+        pieces = math.lcm(actor, env * stages)
+        split_num = pieces // (env * stages)
+        if n_stage % split_num != 0 or (n_stage // split_num) % self.env.train.group_size != 0:
+            need = split_num * self.env.train.group_size * stages
+            issues.append(
+                ConfigIssue(
+                    "env.train.num_envs",
+                    f"each of the {env * stages} (env rank, stage) batches of {n_stage} envs is "
+                    f"split over {actor} actor ranks into {split_num} pieces of whole groups "
+                    f"(group_size {self.env.train.group_size}); set env.train.num_envs to a "
+                    f"multiple of {need}, or change the actor/env world sizes",
+                    self.env.train.num_envs,
+                )
+            )
+        if rollout > env:
+            issues.append(
+                ConfigIssue(
+                    "cluster.component_placement",
+                    f"places {rollout} rollout ranks for {env} env ranks; rollout rank r serves "
+                    f"env ranks r, r + {rollout}, ... so {rollout - env} would idle; place at "
+                    "most as many rollout ranks as env ranks",
+                    NO_VALUE,
+                )
+            )
+        steps = self.env.train.max_steps_per_rollout_epoch or max_episode_steps
+        if steps is not None:
+            chunk_steps = steps // self.actor.model.num_action_chunks
+            samples = chunk_steps * self.env.train.num_envs * env // actor
+            gbs, mbs = self.actor.global_batch_size, self.actor.micro_batch_size
+            if gbs % (mbs * actor) != 0:
+                issues.append(
+                    ConfigIssue(
+                        "actor.global_batch_size",
+                        f"is not divisible by actor.micro_batch_size ({mbs}) * actor world "
+                        f"size ({actor}) = {mbs * actor}; set it to a multiple of {mbs * actor}",
+                        gbs,
+                    )
+                )
+            elif samples % (gbs // actor) != 0:
+                issues.append(
+                    ConfigIssue(
+                        "actor.global_batch_size",
+                        f"each actor rank trains on {samples} samples per step (chunk steps "
+                        f"{chunk_steps} * envs {self.env.train.num_envs * env // actor}) but "
+                        f"its share of a global batch is {gbs // actor}; set "
+                        f"actor.global_batch_size so that {gbs // actor} divides {samples} "
+                        f"(e.g. {samples * actor})",
+                        gbs,
+                    )
+                )
+        if issues:
+            raise ConfigError(issues)

@@ -1,0 +1,500 @@
+"""``EmbodiedRunner``: the driver loop of embodied training.
+
+Usage (the programming flow of ``examples/embodiment/train_embodied_agent.py``)::
+
+    cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
+    placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+    actor = EmbodiedFSDPActor.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("actor"))
+    rollout = MultiStepRolloutWorker.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("rollout"))
+    env = EnvWorker.create_group(cfg).launch(
+        cluster, placement_strategy=placement.get_strategy("env"))
+    runner = EmbodiedRunner(cfg=cfg, actor=actor, rollout=rollout, env=env)
+    runner.init_workers()
+    runner.run()
+    runner.close()
+
+Each step of :meth:`EmbodiedRunner.run`: :meth:`~EmbodiedRunner.update_rollout_weights`,
+:meth:`~EmbodiedRunner.generate_rollouts` (``env.interact``, ``rollout.generate``
+and ``actor.recv_rollout_batch`` run concurrently, connected by three
+channels), :meth:`~EmbodiedRunner.compute_advantages_and_returns`,
+:meth:`~EmbodiedRunner.run_training`; then eval every
+``runner.val_check_interval`` steps, a checkpoint every ``runner.save_interval``
+steps under ``log_path/experiment_name/checkpoints/global_step_N/``, and the
+step's metrics (``train/ eval/ env/ rollout/ time/``) to the metric backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from rlinf.core.channel import Channel
+from rlinf.core.logging import get_logger
+from rlinf.core.metrics import MetricLogger
+from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.sched import GroupFuture, WorkerGroup
+
+__all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
+
+_log = get_logger("rlinf.embodied.runner")
+
+_COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def find_latest_checkpoint(checkpoint_root: Path) -> Path | None:
+    """The newest complete ``global_step_N`` folder under ``checkpoint_root``, or None."""
+    if not checkpoint_root.is_dir():
+        return None
+    found = []
+    for child in checkpoint_root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / _COMPLETE).exists():
+            found.append((int(match.group(1)), child))
+    return max(found)[1] if found else None
+
+
+def _devices(group: WorkerGroup) -> set[tuple[Any, ...]]:
+    out: set[tuple[Any, ...]] = set()
+    for p in group.placements:
+        if p.resource_ranks:
+            out.update((p.node_rank, p.node_group, p.resource_kind, r) for r in p.resource_ranks)
+        else:
+            out.add((p.node_rank, "node"))
+    return out
+
+
+class EmbodiedRunner:
+    """Drives env, rollout and actor groups through training, eval and checkpoints.
+
+    The groups may be reused by another runner afterwards: ``init_workers``
+    rebuilds every worker's state from the runner's config.
+
+    Args:
+        cfg: The validated run config.
+        actor: Launched :class:`~rlinf.embodied.workers.EmbodiedFSDPActor` group.
+        rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group.
+        env: Launched :class:`~rlinf.embodied.workers.EnvWorker` group.
+
+    Attributes:
+        global_step: Training steps done (the weight version of the next sync).
+        total_env_steps: Env sub-steps that advanced a live episode, over the run.
+        mode: ``collocated``, ``hybrid`` or ``disaggregated``, from the placements.
+        collocated: Whether the actor shares devices with the rollout (then the
+            rollout offloads between rollouts and both take device locks).
+    """
+
+    def __init__(
+        self, cfg: EmbodiedConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup
+    ) -> None:
+        self.cfg = cfg
+        self.actor, self.rollout, self.env = actor, rollout, env
+        self.global_step = 0
+        self.total_env_steps = 0
+        self.collocated = False
+        self.mode = "disaggregated"
+        self.spec: Any = None
+        self._channels: dict[str, Channel] = {}
+        self._synced_version = -1
+        self._logger: MetricLogger | None = None
+        self._initialized = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def experiment_dir(self) -> Path:
+        """``log_path/experiment_name``: everything this run writes."""
+        return self.cfg.runner.logger.experiment_dir
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """``log_path/experiment_name/checkpoints``."""
+        return self.experiment_dir / "checkpoints"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """Where TensorBoard event files go."""
+        return self.experiment_dir / "tensorboard"
+
+    # ------------------------------------------------------------------ setup
+
+    def _wait(self, futures: Sequence[GroupFuture], timeout: float | None = None) -> list[Any]:
+        """Waits for every future; on the first failure closes the channels and raises.
+
+        Closing the channels wakes workers blocked on them, so one failing rank
+        does not leave its peers waiting until their timeout.
+        """
+        limit = self.cfg.runner.step_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        pending = list(futures)
+        try:
+            while pending:
+                try:  # block briefly on one future (Ray waits without spinning) ...
+                    pending[0].wait(timeout=0.05)
+                    pending.pop(0)
+                except TimeoutError:
+                    pass
+                for fut in list(pending[1:]):  # ... and surface a failure of any other
+                    if fut.done():
+                        fut.wait(timeout=0)
+                        pending.remove(fut)
+                if pending and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"a phase of step {self.global_step} did not finish within {limit} s; "
+                        "raise runner.step_timeout_s if the run is just slow"
+                    )
+        except BaseException:
+            self._close_channels()
+            raise
+        return [fut.wait(timeout=0) for fut in futures]
+
+    def init_workers(self) -> None:
+        """Builds envs, policies and optimizer on every rank, then resumes if asked.
+
+        Checks the rules that need world sizes (:meth:`EmbodiedConfig.check_world_sizes`),
+        creates the three channels, decides offloading from the placement
+        (components that share devices offload between phases), and loads
+        ``runner.resume_dir`` (a checkpoint folder, or ``auto`` for the newest one).
+        """
+        cfg = self.cfg
+        sizes = {
+            "actor": self.actor.world_size,
+            "env": self.env.world_size,
+            "rollout": self.rollout.world_size,
+        }
+        cfg.check_world_sizes(**sizes)
+        self._drop_channels()  # a second init_workers() starts with fresh channels
+        run_id = uuid.uuid4().hex[:10]
+        stages = cfg.rollout.pipeline_stage_num
+        keys = self.env.world_size * stages + 8
+        self._channels = {
+            name: Channel.create(
+                f"embodied-{run_id}-{name}",
+                max_keys=max(64, keys, self.actor.world_size + 8),
+            )
+            for name in ("rollout", "env", "actor")
+        }
+        actor_dev, rollout_dev = _devices(self.actor), _devices(self.rollout)
+        env_dev = _devices(self.env)
+        self.collocated = bool(actor_dev & rollout_dev)
+        shared = [
+            bool(actor_dev & rollout_dev),
+            bool(actor_dev & env_dev),
+            bool(env_dev & rollout_dev),
+        ]
+        self.mode = "collocated" if all(shared) else "hybrid" if any(shared) else "disaggregated"
+        offload_rollout = (
+            self.collocated if cfg.rollout.enable_offload is None else cfg.rollout.enable_offload
+        )
+        offload_actor = (
+            bool(actor_dev & (rollout_dev | env_dev))
+            if cfg.actor.enable_offload is None
+            else cfg.actor.enable_offload
+        )
+        specs = self._wait([self.env.init_worker(cfg, self.actor.world_size)])[0]
+        self.spec = specs[0]
+        cfg.check_world_sizes(**sizes, max_episode_steps=self.spec.max_episode_steps)
+        self._wait(
+            [
+                self.rollout.init_worker(
+                    cfg, self.spec, self.actor.name, self.env.world_size, offload_rollout
+                ),
+                self.actor.init_worker(
+                    cfg,
+                    self.spec,
+                    self.rollout.name,
+                    self.rollout.world_size,
+                    self.env.world_size,
+                    offload_actor,
+                ),
+            ]
+        )
+        self.global_step = 0
+        self.total_env_steps = 0
+        self._synced_version = -1
+        _log.info(
+            "embodied run (%s): actor x%d, env x%d, rollout x%d, %d pipeline stage(s)%s",
+            self.mode,
+            self.actor.world_size,
+            self.env.world_size,
+            self.rollout.world_size,
+            stages,
+            "; offload between phases" if offload_actor or offload_rollout else "",
+        )
+        self._resume()
+        self._initialized = True
+
+    def _resume(self) -> None:
+        resume = self.cfg.runner.resume_dir
+        if resume is None:
+            return
+        if resume == "auto":
+            path = find_latest_checkpoint(self.checkpoint_root)
+            if path is None:
+                _log.info(
+                    "runner.resume_dir=auto: no checkpoint in %s, starting fresh",
+                    self.checkpoint_root,
+                )
+                return
+        else:
+            path = Path(resume)
+            if not (path / _COMPLETE).exists():
+                raise FileNotFoundError(
+                    f"runner.resume_dir={str(resume)!r} is not a complete checkpoint folder "
+                    f"(expected {path / _COMPLETE}); point it at .../checkpoints/global_step_N "
+                    "or use 'auto'"
+                )
+        steps = self._wait(
+            [self.actor.load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
+        )
+        self.global_step = int(steps[0][0])
+        runner_state = json.loads((path / "runner.json").read_text())
+        self.total_env_steps = int(runner_state.get("total_env_steps", 0))
+        _log.info("resumed from %s at step %d", path, self.global_step)
+
+    # ------------------------------------------------------------------ one step
+
+    def update_rollout_weights(self) -> float:
+        """Sends the actor's weights to the rollout group (skipped if already current).
+
+        Returns:
+            Seconds spent.
+        """
+        start = time.perf_counter()
+        if self._synced_version != self.global_step:
+            versions = self._wait(
+                [self.rollout.sync_model_from_actor(), self.actor.sync_model_to_rollout()]
+            )
+            self._synced_version = int(versions[1][0])
+        return time.perf_counter() - start
+
+    def generate_rollouts(self) -> dict[str, float]:
+        """One training rollout: env and rollout exchange obs/actions, trajectories reach the actor.
+
+        Returns:
+            ``env/*`` episode metrics, ``rollout/env_steps`` and the step's env steps/s.
+        """
+        ch = self._channels
+        start = time.perf_counter()
+        results = self._wait(
+            [
+                self.env.interact(ch["rollout"], ch["env"], ch["actor"]),
+                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "train"),
+                self.actor.recv_rollout_batch(ch["actor"]),
+            ]
+        )
+        elapsed = time.perf_counter() - start
+        env_results = results[0]
+        env_steps = sum(int(r["env_steps"]) for r in env_results)
+        self.total_env_steps += env_steps
+        metrics = _episode_metrics("env", [r["episodes"] for r in env_results])
+        metrics["rollout/env_steps"] = float(self.total_env_steps)
+        metrics["rollout/env_steps_per_s"] = env_steps / elapsed if elapsed > 0 else 0.0
+        metrics["time/generate_rollouts"] = elapsed
+        return metrics
+
+    def compute_advantages_and_returns(self) -> dict[str, float]:
+        """Advantages on every actor rank; returns the ``rollout/*`` metrics (rank 0's)."""
+        return dict(self._wait([self.actor.compute_advantages_and_returns()])[0][0])
+
+    def run_training(self) -> dict[str, float]:
+        """The update on every actor rank; returns the ``train/*`` metrics (rank 0's)."""
+        return dict(self._wait([self.actor.run_training()])[0][0])
+
+    def evaluate(self) -> dict[str, float]:
+        """Syncs weights, then runs the eval envs with deterministic actions.
+
+        Returns:
+            ``eval/return``, ``eval/episode_len``, ``eval/reward``,
+            ``eval/success_once`` (where defined) and ``eval/num_episodes``.
+
+        Raises:
+            RuntimeError: ``env.eval`` is null.
+        """
+        if self.cfg.env.eval is None:
+            raise RuntimeError("env.eval is null: set an eval env to evaluate")
+        self.update_rollout_weights()
+        ch = self._channels
+        results = self._wait(
+            [
+                self.env.evaluate(ch["rollout"], ch["env"]),
+                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "eval"),
+            ]
+        )
+        metrics = _episode_metrics("eval", results[0])
+        metrics["eval/num_episodes"] = metrics.pop("eval/num_trajectories")
+        return metrics
+
+    def save_checkpoint(self) -> Path:
+        """Writes ``checkpoints/global_step_N/`` (actor, env, runner state, then a marker).
+
+        Returns:
+            The checkpoint folder.
+        """
+        path = self.checkpoint_root / f"global_step_{self.global_step}"
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        self._wait(
+            [
+                self.actor.save_checkpoint(str(path), self.global_step),
+                self.env.save_checkpoint(str(path), self.global_step),
+            ]
+        )
+        state = {"global_step": self.global_step, "total_env_steps": self.total_env_steps}
+        (path / "runner.json").write_text(json.dumps(state))
+        (path / _COMPLETE).write_text("")
+        return path
+
+    def _worker_timings(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, group in (("actor", self.actor), ("rollout", self.rollout), ("env", self.env)):
+            for timings in self._wait([group.pop_timings()]):
+                for rank_timings in timings:
+                    for tag, seconds in rank_timings.items():
+                        key = f"time/{name}/{tag}"
+                        out[key] = max(out.get(key, 0.0), float(seconds))
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> dict[str, float]:
+        """Trains until ``runner.total_steps``; returns the last step's metrics.
+
+        Raises:
+            RuntimeError: :meth:`init_workers` was not called.
+        """
+        if not self._initialized:
+            raise RuntimeError("call runner.init_workers() before runner.run()")
+        cfg = self.cfg.runner
+        total = cfg.total_steps
+        logger = self._metric_logger()
+        _log.info(
+            "TensorBoard logs: %s (tensorboard --logdir %s)",
+            self.tensorboard_dir,
+            self.tensorboard_dir,
+        )
+        last: dict[str, float] = {}
+        if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
+            start = time.perf_counter()
+            last = self.evaluate()
+            last["time/eval"] = time.perf_counter() - start
+            logger.log(last, step=0)
+        bar = progress_bar(total=total, desc="embodied", unit="step", initial=self.global_step)
+        try:
+            while self.global_step < total:
+                last = self._step(bar)
+                logger.log(last, step=self.global_step)
+        finally:
+            bar.close()
+            logger.flush()
+        return last
+
+    def _step(self, bar: ProgressBar) -> dict[str, float]:
+        cfg = self.cfg.runner
+        total = cfg.total_steps
+        step_start = time.perf_counter()
+        metrics: dict[str, float] = {"time/sync_weights": self.update_rollout_weights()}
+        metrics.update(self.generate_rollouts())
+        start = time.perf_counter()
+        metrics.update(self.compute_advantages_and_returns())
+        metrics["time/cal_adv_and_returns"] = time.perf_counter() - start
+        start = time.perf_counter()
+        metrics.update(self.run_training())
+        metrics["time/actor_training"] = time.perf_counter() - start
+        self.global_step += 1
+        last_step = self.global_step >= total
+        if (
+            cfg.val_check_interval > 0
+            and self.cfg.env.eval is not None
+            and (self.global_step % cfg.val_check_interval == 0 or last_step)
+        ):
+            start = time.perf_counter()
+            metrics.update(self.evaluate())
+            metrics["time/eval"] = time.perf_counter() - start
+        if cfg.save_interval > 0 and (self.global_step % cfg.save_interval == 0 or last_step):
+            start = time.perf_counter()
+            self.save_checkpoint()
+            metrics["time/save_checkpoint"] = time.perf_counter() - start
+        metrics.update(self._worker_timings())
+        metrics["time/step"] = time.perf_counter() - step_start
+        postfix: dict[str, float | str] = {
+            "env": rate_postfix(
+                metrics["rollout/env_steps_per_s"] * metrics["time/generate_rollouts"],
+                metrics["time/generate_rollouts"],
+                "steps",
+            )
+        }
+        for key in ("env/return", "eval/return", "env/success_once"):
+            if key in metrics:
+                postfix[key.replace("/", "_")] = metrics[key]
+        bar.update(1, **postfix)
+        return metrics
+
+    def _metric_logger(self) -> MetricLogger:
+        if self._logger is None:
+            self._logger = MetricLogger.from_config(
+                self.cfg.runner.logger, run_config=self.cfg.model_dump(mode="json")
+            )
+        return self._logger
+
+    # ------------------------------------------------------------------ teardown
+
+    def _close_channels(self) -> None:
+        for channel in self._channels.values():
+            with contextlib.suppress(Exception):  # already closed
+                channel.close()
+
+    def close(self) -> None:
+        """Closes the metric logger and removes the channels (idempotent).
+
+        The worker groups belong to the caller: shut them down afterwards.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._logger is not None:
+            self._logger.close()
+        self._drop_channels()
+
+    def _drop_channels(self) -> None:
+        self._close_channels()
+        for channel in self._channels.values():
+            channel.unlink()
+        self._channels = {}
+
+    def __enter__(self) -> EmbodiedRunner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
+    merged: dict[str, list[float]] = {}
+    for episodes in per_rank:
+        for key, values in episodes.items():
+            merged.setdefault(key, []).extend(values)
+    count = max((len(v) for v in merged.values()), default=0)
+    out = {f"{prefix}/{k}": float(np.mean(v)) for k, v in merged.items() if v}
+    out[f"{prefix}/num_trajectories"] = float(count)
+    return out

@@ -1,0 +1,627 @@
+"""``EmbodiedFSDPActor``: trains the policy with PPO or GRPO under FSDP2.
+
+Each actor rank holds the policy wrapped by ``fully_shard`` (FSDP2) over a 1-D
+device mesh of all actor ranks: NCCL on GPUs, gloo on CPUs. Per training step:
+
+1. :meth:`recv_rollout_batch`: the rank's trajectory pieces from the actor
+   channel, ordered by piece index and concatenated along the env dim.
+2. :meth:`compute_advantages_and_returns`: the registered estimator
+   (``algorithm.adv_type``) on the T+1 data; GAE whitening uses statistics
+   summed over all actor ranks.
+3. :meth:`run_training`: ``update_epoch`` passes; each pass shuffles the rank's
+   ``T * B`` samples (seeded by seed, step, epoch and rank), cuts them into
+   ``global_batch_size / Wa`` minibatches and each minibatch into micro batches
+   (gradient accumulation, gradient sync on the last micro batch), clips the
+   gradient norm and steps AdamW (value-head parameters at ``value_lr``). The
+   LR schedule steps once per training step.
+
+Weights go to the rollout group by broadcast from rank 0, stamped with the
+global step as version (:meth:`sync_model_to_rollout`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from rlinf.core.algorithms import (
+    EmbodiedAdvantageInputs,
+    compute_loss_mask,
+    explained_variance,
+    get_advantage,
+    get_policy_loss,
+    masked_mean,
+    value_loss,
+)
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
+from rlinf.embodied.config import EmbodiedConfig, OptimConfig
+from rlinf.embodied.models import BasePolicy, build_policy
+from rlinf.embodied.workers.common import (
+    actor_pieces,
+    concat_trajectories,
+    derive_seed,
+    select_device,
+    setup_process,
+)
+from rlinf.sched import Worker
+
+__all__ = ["EmbodiedFSDPActor", "lr_lambda"]
+
+
+def lr_lambda(cfg: OptimConfig, total_steps: int) -> Any:
+    """The LR multiplier per training step for ``cfg.lr_scheduler``.
+
+    Args:
+        cfg: The optimizer config (schedule, warm-up, final ratio).
+        total_steps: Training steps of the run.
+
+    Returns:
+        A function ``step -> factor`` for ``torch.optim.lr_scheduler.LambdaLR``.
+    """
+    warmup, floor, kind = cfg.warmup_steps, cfg.min_lr_ratio, cfg.lr_scheduler
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if kind == "linear":
+            return 1.0 - (1.0 - floor) * progress
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class EmbodiedFSDPActor(Worker):
+    """Actor rank: FSDP2 policy, optimizer, scheduler and the rank's rollout batch.
+
+    Args:
+        cfg: The run config.
+    """
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        setup_process(cfg)
+        # The policy returns a dict of tensors some of which are views; nothing here
+        # modifies them in place, so FSDP2's warning about that does not apply.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* view tensor")
+        self.device = select_device()
+        self.model: BasePolicy | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.batch: RolloutBatch | None = None
+        self.global_step = 0
+        self._rollout_group = ""
+        self._rollout_world_size = 1
+        self._env_world_size = 1
+        self._offload = False
+        self._offloaded = False
+        self._max_episode_steps = 1
+
+    # ------------------------------------------------------------------ setup
+
+    def init_worker(
+        self,
+        cfg: EmbodiedConfig,
+        spec: EnvSpec,
+        rollout_group: str,
+        rollout_world_size: int,
+        env_world_size: int,
+        offload: bool = False,
+    ) -> None:
+        """(Re)builds the process group, the FSDP2 policy, the optimizer and the schedule.
+
+        Args:
+            cfg: The run config (the runner's).
+            spec: The train env's spec.
+            rollout_group: Name of the rollout group (receives the weights).
+            rollout_world_size: Rollout ranks.
+            env_world_size: Env ranks (for the trajectory routing).
+            offload: Offload optimizer state between phases (collocated mode).
+        """
+        self.cfg = cfg
+        self._rollout_group = rollout_group
+        setup_process(cfg)  # plugin modules of this config
+        self._rollout_world_size = rollout_world_size
+        self._env_world_size = env_world_size
+        self._offload = offload
+        self._offloaded = False
+        self._max_episode_steps = spec.max_episode_steps
+        if not dist.is_initialized():
+            backend = cfg.actor.dist_backend
+            if backend == "auto":
+                backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.runner.step_timeout_s))
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        torch.manual_seed(cfg.actor.seed)
+        policy = build_policy(cfg.actor.model, spec).to(self.device)
+        fully_shard(policy, mesh=mesh)
+        self.model = policy
+        optim = cfg.actor.optim
+        value_params = [p for n, p in policy.named_parameters() if "value_head" in n]
+        other_params = [p for n, p in policy.named_parameters() if "value_head" not in n]
+        groups: list[dict[str, Any]] = [{"params": other_params, "lr": optim.lr, "name": "actor"}]
+        if value_params:
+            groups.append(
+                {"params": value_params, "lr": optim.value_lr or optim.lr, "name": "critic"}
+            )
+        self.optimizer = torch.optim.AdamW(
+            groups,
+            lr=optim.lr,
+            betas=optim.adam_betas,
+            eps=optim.adam_eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim, cfg.runner.total_steps)
+        )
+        self.global_step = 0
+        self.batch = None
+        if self._offload:
+            self.offload()
+
+    def _parts(
+        self,
+    ) -> tuple[BasePolicy, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        if self.model is None or self.optimizer is None or self.scheduler is None:
+            raise RuntimeError("init_worker() must run before this call")
+        return self.model, self.optimizer, self.scheduler
+
+    def set_global_step(self, step: int) -> None:
+        """Sets the step (the weight version the next sync carries)."""
+        self.global_step = int(step)
+
+    def get_global_step(self) -> int:
+        """The current global step."""
+        return self.global_step
+
+    # ------------------------------------------------------------------ offload
+
+    def offload(self) -> None:
+        """Moves the optimizer state to the CPU and drops gradients (GPU only).
+
+        FSDP2 parameters stay sharded on the device; on a CPU machine this only
+        drops gradients.
+        """
+        if self.optimizer is None:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            _move_optimizer_state(self.optimizer, torch.device("cpu"))
+            torch.cuda.empty_cache()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Moves the optimizer state back to the device."""
+        if self.optimizer is not None and self._offloaded and self.device.type == "cuda":
+            _move_optimizer_state(self.optimizer, self.device)
+        self._offloaded = False
+
+    # ------------------------------------------------------------------ weights
+
+    def get_full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) policy state dict on the CPU; collective over actor ranks.
+
+        Returns:
+            The state dict on rank 0, an empty dict on other ranks.
+        """
+        model, _, _ = self._parts()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+    def sync_model_to_rollout(self) -> int:
+        """Broadcasts the full weights from rank 0 to every rollout rank.
+
+        Every actor rank takes part in gathering the shards; rank 0 sends.
+
+        Returns:
+            The weight version sent (the global step).
+        """
+        with self.worker_timer("sync_weights"):
+            state = self.get_full_state_dict()
+            if self.rank == 0:
+                groups: list[tuple[str, int | list[int]]] = [
+                    (self.group_name, 0),
+                    (self._rollout_group, list(range(self._rollout_world_size))),
+                ]
+                self.broadcast(
+                    (state, self.global_step),
+                    groups,
+                    src=(self.group_name, 0),
+                    timeout=self.cfg.runner.channel_timeout_s,
+                )
+        return self.global_step
+
+    # ------------------------------------------------------------------ data
+
+    def recv_rollout_batch(self, actor_channel: Channel) -> dict[str, int]:
+        """Receives this rank's trajectory pieces of the current rollout.
+
+        Args:
+            actor_channel: Env -> actor channel (key: this rank).
+
+        Returns:
+            ``{"num_envs": B, "chunk_steps": T}`` of the received batch.
+        """
+        _, per_actor = actor_pieces(
+            self.world_size, self._env_world_size, self.cfg.rollout.pipeline_stage_num
+        )
+        timeout = self.cfg.runner.channel_timeout_s
+        self.batch = None
+        with self.worker_timer("recv_rollout_batch"):
+            items = [
+                actor_channel.get(key=str(self.rank), timeout=timeout) for _ in range(per_actor)
+            ]
+            items.sort(key=lambda item: int(item[0]))
+            traj = concat_trajectories([piece for _, piece in items])
+            del items
+        self.batch = RolloutBatch(trajectory=traj)
+        return {"num_envs": traj.num_envs, "chunk_steps": int(traj.rewards.shape[0])}
+
+    def batch_versions(self) -> list[int]:
+        """The distinct weight versions stamped on the received batch, sorted."""
+        batch = self._require_batch()
+        return sorted({int(v) for v in batch.trajectory.versions.tolist()})
+
+    def _all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+        out = tensor.detach().clone().to(self.device)
+        if self.world_size > 1:
+            dist.all_reduce(out, op=op)
+        return out.cpu()
+
+    def _require_batch(self) -> RolloutBatch:
+        if self.batch is None:
+            raise RuntimeError("no rollout batch: call recv_rollout_batch() first")
+        return self.batch
+
+    def _substep_mask(self, traj: Trajectory) -> torch.Tensor:
+        """[T, B, C] bool: sub-steps that enter the loss."""
+        mask = (
+            traj.alive.clone()
+            if traj.alive is not None
+            else torch.ones_like(traj.rewards, dtype=torch.bool)
+        )
+        if not self.cfg.env.train.auto_reset:
+            mask &= compute_loss_mask(traj.dones).mask
+        return mask
+
+    def compute_advantages_and_returns(self) -> dict[str, float]:
+        """Advantages (and value targets for GAE) of the received batch.
+
+        Returns:
+            ``rollout/*`` metrics (reduced over actor ranks): mean valid reward,
+            advantage and return mean/max/min.
+        """
+        batch = self._require_batch()
+        traj = batch.trajectory
+        alg = self.cfg.algorithm
+        with self.worker_timer("compute_advantages"):
+            substep = self._substep_mask(traj)
+            mask = (
+                substep.any(dim=-1, keepdim=True) if alg.reward_type == "chunk_level" else substep
+            )
+            inputs = EmbodiedAdvantageInputs(
+                rewards=traj.rewards,
+                dones=traj.dones,
+                values=traj.prev_values if alg.adv_type == "gae" else None,
+                loss_mask=mask,
+                gamma=alg.gamma,
+                gae_lambda=alg.gae_lambda,
+                reward_type=alg.reward_type,
+                group_size=alg.group_size,
+                normalize_advantages=alg.normalize_advantages,
+                eps=1e-8,
+                all_reduce=self._all_reduce,
+            )
+            advantages, returns = get_advantage(alg.adv_type)(inputs)
+        batch.advantages = advantages
+        batch.returns = returns
+        batch.loss_mask = mask
+        metrics = {"rollout/rewards": self._masked_stat(traj.rewards, substep)["mean"]}
+        for name, value in (("advantages", advantages), ("returns", returns)):
+            if value is None:
+                continue
+            stats = self._masked_stat(value, mask)
+            for key, stat in stats.items():
+                metrics[f"rollout/{name}_{key}"] = stat
+        return metrics
+
+    def _masked_stat(self, value: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        m = mask.expand_as(value)
+        v = value.to(torch.float64)
+        sums = self._all_reduce(
+            torch.stack([torch.where(m, v, torch.zeros_like(v)).sum(), m.sum().to(torch.float64)])
+        )
+        if float(sums[1]) == 0:
+            return {"mean": 0.0, "max": 0.0, "min": 0.0}
+        big = torch.tensor(float("inf"), dtype=torch.float64)
+        vmax = self._all_reduce(torch.where(m, v, -big).max(), dist.ReduceOp.MAX)
+        vmin = self._all_reduce(torch.where(m, v, big).min(), dist.ReduceOp.MIN)
+        return {"mean": float(sums[0] / sums[1]), "max": float(vmax), "min": float(vmin)}
+
+    # ------------------------------------------------------------------ training
+
+    def run_training(self) -> dict[str, float]:
+        """PPO/GRPO update epochs on the received batch (see the module docstring).
+
+        Returns:
+            ``train/*`` metrics averaged over micro batches, then over actor ranks.
+        """
+        model, optimizer, scheduler = self._parts()
+        batch = self._require_batch()
+        if batch.advantages is None or batch.loss_mask is None:
+            raise RuntimeError("call compute_advantages_and_returns() before run_training()")
+        cfg = self.cfg
+        if self._offload:
+            self.acquire_device_lock(timeout=cfg.runner.step_timeout_s)
+        try:
+            if self._offload:
+                self.onload()
+            with self.worker_timer("run_training"):
+                metrics = self._train(model, optimizer, batch)
+            scheduler.step()
+        finally:
+            if self._offload:
+                self.offload()
+                self.release_device_lock()
+        self.global_step += 1
+        self.batch = None
+        return metrics
+
+    def _train(
+        self, model: BasePolicy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
+    ) -> dict[str, float]:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        traj = batch.trajectory
+        assert batch.advantages is not None and batch.loss_mask is not None
+        t, b, c = traj.rewards.shape
+        n = t * b
+        critic = alg.loss_type == "actor_critic"
+        chunk_level = alg.reward_type == "chunk_level"
+        dev = self.device
+        fwd = {k: v.reshape(n, *v.shape[2:]) for k, v in traj.forward_inputs.items()}
+        old_logprobs = _per_chunk_logprobs(traj.prev_logprobs.reshape(n, -1), c, chunk_level)
+        old_logprobs = old_logprobs.to(dev)
+        old_values = traj.prev_values[:-1].reshape(n, -1)
+        if chunk_level:
+            old_values = old_values[:, :1]
+        old_values = old_values.to(dev)
+        advantages = batch.advantages.reshape(n, -1).to(dev)
+        mask = batch.loss_mask.reshape(n, -1).to(dev)
+        returns = batch.returns.reshape(n, -1).to(dev) if batch.returns is not None else None
+        mask_sum = None
+        if alg.loss_agg_mode == "episode-length-norm":
+            per_env = batch.loss_mask.reshape(t, b, -1).sum(dim=(0, 2))
+            mask_sum = per_env.view(1, b, 1).expand(t, b, mask.shape[-1]).reshape(n, -1).to(dev)
+
+        world = self.world_size
+        per_rank = cfg.actor.global_batch_size // world
+        micro = cfg.actor.micro_batch_size
+        if n % per_rank != 0:
+            raise ValueError(
+                f"actor.global_batch_size={cfg.actor.global_batch_size}: this rank holds {n} "
+                f"samples but its share of a global batch is {per_rank}; make {per_rank} "
+                f"divide {n}"
+            )
+        accum = per_rank // micro
+        policy_loss = get_policy_loss(alg.loss_type)
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+
+        def record(values: dict[str, float]) -> None:
+            for key, value in values.items():
+                sums[key] += float(value)
+                counts[key] += 1
+
+        skipped = 0
+        for epoch in range(alg.update_epoch):
+            generator = torch.Generator().manual_seed(
+                derive_seed(cfg.actor.seed, self.global_step, epoch, self.rank)
+            )
+            perm = torch.randperm(n, generator=generator)
+            for start in range(0, n, per_rank):
+                minibatch = perm[start : start + per_rank]
+                optimizer.zero_grad(set_to_none=True)
+                for k in range(accum):
+                    idx = minibatch[k * micro : (k + 1) * micro]
+                    if isinstance(model, FSDPModule):
+                        model.set_requires_gradient_sync(k == accum - 1)
+                    out = model(
+                        {key: v[idx] for key, v in fwd.items()},
+                        compute_logprobs=True,
+                        compute_entropy=True,
+                        compute_values=critic,
+                    )
+                    logprobs = _per_chunk_logprobs(out["logprobs"], c, chunk_level)
+                    m = mask[idx]
+                    m_sum = mask_sum[idx] if mask_sum is not None else None
+                    loss, pm = policy_loss(
+                        logprobs=logprobs,
+                        old_logprobs=old_logprobs[idx],
+                        advantages=advantages[idx],
+                        loss_mask=m,
+                        clip_ratio_low=alg.clip_ratio_low,
+                        clip_ratio_high=alg.clip_ratio_high,
+                        loss_agg_mode=alg.loss_agg_mode,
+                        loss_mask_sum=m_sum,
+                        max_episode_steps=self._max_episode_steps,
+                    )
+                    record(pm)
+                    if critic:
+                        assert returns is not None
+                        values = out["values"][:, :1] if chunk_level else out["values"]
+                        vloss, vm = value_loss(
+                            values,
+                            old_values[idx],
+                            returns[idx],
+                            m,
+                            alg.value_clip,
+                            alg.loss_agg_mode,
+                            huber_delta=alg.huber_delta,
+                            mask_sum=m_sum,
+                            max_episode_steps=self._max_episode_steps,
+                        )
+                        loss = loss + vloss
+                        record(vm)
+                    entropy = masked_mean(_per_chunk_logprobs(out["entropy"], c, chunk_level), m)
+                    if alg.entropy_bonus > 0:
+                        loss = loss - alg.entropy_bonus * entropy
+                    record(
+                        {
+                            "actor/entropy_loss": float(entropy.detach()),
+                            "actor/total_loss": float(loss.detach()),
+                        }
+                    )
+                    torch.autograd.backward(loss / accum)
+                norms = {
+                    f"{group.get('name', 'actor')}/grad_norm": _clip_grad_norm(
+                        group["params"], cfg.actor.optim.clip_grad
+                    )
+                    for group in optimizer.param_groups
+                }
+                record(norms)
+                if all(math.isfinite(v) for v in norms.values()):
+                    optimizer.step()
+                else:
+                    skipped += 1
+        optimizer.zero_grad(set_to_none=True)
+        metrics = {f"train/{k}": sums[k] / counts[k] for k in sums}
+        keys = sorted(metrics)
+        reduced = self._all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
+        metrics = {k: float(v) / self.world_size for k, v in zip(keys, reduced, strict=True)}
+        metrics["train/actor/skipped_steps"] = float(self._all_reduce(torch.tensor(float(skipped))))
+        for group in optimizer.param_groups:
+            metrics[f"train/{group.get('name', 'actor')}/lr"] = float(group["lr"])
+        if critic and returns is not None:
+            metrics["train/critic/explained_variance"] = explained_variance(
+                old_values, returns, mask, all_reduce=self._all_reduce
+            )
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        """Writes model, optimizer, scheduler, step (rank 0) and RNG states (every rank).
+
+        Collective over actor ranks. Files: ``path/actor/state.pt`` and
+        ``path/actor/rng_rank{r}.pt``.
+
+        Args:
+            path: The checkpoint folder (``.../global_step_N``).
+            step: The global step.
+        """
+        model, optimizer, scheduler = self._parts()
+        folder = Path(path) / "actor"
+        folder.mkdir(parents=True, exist_ok=True)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        with self.worker_timer("save_checkpoint"):
+            self.onload()
+            model_state = get_model_state_dict(model, options=options)
+            optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+            if self._offload:
+                self.offload()
+            if self.rank == 0:
+                torch.save(
+                    {
+                        "model": model_state,
+                        "optimizer": optim_state,
+                        "scheduler": scheduler.state_dict(),
+                        "global_step": step,
+                    },
+                    folder / "state.pt",
+                )
+            torch.save(_rng_state(), folder / f"rng_rank{self.rank}.pt")
+            if self.world_size > 1:
+                dist.barrier()
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restores what :meth:`save_checkpoint` wrote.
+
+        Args:
+            path: The checkpoint folder.
+
+        Returns:
+            The global step it was saved at.
+        """
+        model, optimizer, scheduler = self._parts()
+        folder = Path(path) / "actor"
+        state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
+        options = StateDictOptions(full_state_dict=True)
+        self.onload()
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        scheduler.load_state_dict(state["scheduler"])
+        rng_file = folder / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        if self._offload:
+            self.offload()
+        self.global_step = int(state["global_step"])
+        return self.global_step
+
+
+def _per_chunk_logprobs(values: torch.Tensor, chunks: int, chunk_level: bool) -> torch.Tensor:
+    """[n, C * A] or [n, C] per-dimension values summed to [n, C] (or [n, 1] per chunk)."""
+    n = values.shape[0]
+    per_chunk = values.reshape(n, chunks, -1).sum(dim=-1)
+    return per_chunk.sum(dim=-1, keepdim=True) if chunk_level else per_chunk
+
+
+def _clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
+    """Clips the gradient norm of ``params`` (one optimizer group); returns the norm before."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if callable(full) else norm)
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,297 @@
+"""``EnvWorker``: owns ``pipeline_stage_num`` vectorized envs and steps them in chunks.
+
+One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
+
+1. Send the first observation (a fresh reset, or the observation the previous
+   rollout ended on when ``auto_reset``) to the rollout under key ``"rank.s"``.
+2. ``T`` times, for each stage in turn: receive the stage's action chunk, step
+   the stage's env by one chunk, record it, send the new observation. While
+   this rank steps stage ``s``, the rollout computes the actions of the other
+   stages: simulation and inference overlap.
+3. Receive the policy output on the last observation (its values close the
+   ``T + 1`` value rows), end the stream with ``None``, and ship the stage's
+   :class:`~rlinf.core.protocols.embodied.Trajectory` to the actor channel,
+   cut into the pieces each actor rank is due (see :mod:`.common`).
+
+Eval (:meth:`EnvWorker.evaluate`) runs the eval envs from deterministic seeds
+with the rollout in ``eval`` mode; a stage's stream ends early once all its
+episodes are over (without auto-reset).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
+from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
+from rlinf.embodied.envs import VectorEnv, make_env
+from rlinf.embodied.workers.common import (
+    actor_pieces,
+    chunk_steps,
+    setup_process,
+    split_trajectory,
+    stream_key,
+)
+from rlinf.embodied.workers.trajectory import TrajectoryBuilder
+from rlinf.sched import Worker
+
+__all__ = ["EnvWorker"]
+
+
+class EnvWorker(Worker):
+    """Env rank: ``S`` train stages (and ``S`` eval stages) of vectorized envs.
+
+    Args:
+        cfg: The run config.
+    """
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        setup_process(cfg)
+        self.train_envs: list[VectorEnv] = []
+        self.eval_envs: list[VectorEnv] = []
+        self._last: list[EnvOutput | None] = []
+        self._seed_epochs: list[int] = []
+        self._actor_world_size = 1
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def init_worker(self, cfg: EmbodiedConfig, actor_world_size: int) -> EnvSpec:
+        """(Re)builds the train and eval envs of this rank from ``cfg``.
+
+        Args:
+            cfg: The run config (the runner's).
+            actor_world_size: Actor ranks the trajectories are split over.
+
+        Returns:
+            The train env's spec (what the policy is built for).
+        """
+        self.close_envs()
+        self.cfg = cfg
+        setup_process(cfg)  # plugin modules of this config
+        self._actor_world_size = actor_world_size
+        stages = cfg.rollout.pipeline_stage_num
+        with self.worker_timer("init"):
+            self.train_envs = self._build(cfg.env.train, cfg.stage_num_envs("train"))
+            if cfg.env.eval is not None:
+                self.eval_envs = self._build(cfg.env.eval, cfg.stage_num_envs("eval"))
+        self._last = [None] * stages
+        self._seed_epochs = [0] * stages
+        return self.train_envs[0].spec
+
+    def _build(self, split: EnvSplitConfig, n: int) -> list[VectorEnv]:
+        stages = self.cfg.rollout.pipeline_stage_num
+        envs: list[VectorEnv] = []
+        try:
+            for s in range(stages):
+                envs.append(
+                    make_env(split, num_envs=n, seed_offset=self.rank * stages + s, stage_id=s)
+                )
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        return envs
+
+    def close_envs(self) -> None:
+        """Closes every env of this rank (idempotent)."""
+        for env in [*self.train_envs, *self.eval_envs]:
+            env.close()
+        self.train_envs, self.eval_envs = [], []
+
+    def teardown(self) -> None:
+        """Closes the envs, then releases the worker's channels."""
+        try:
+            self.close_envs()
+        finally:
+            super().teardown()
+
+    # ------------------------------------------------------------------ training rollout
+
+    def interact(
+        self, obs_channel: Channel, action_channel: Channel, actor_channel: Channel
+    ) -> dict[str, Any]:
+        """Runs one training rollout of every stage of this rank (see the module docstring).
+
+        Args:
+            obs_channel: Env -> rollout observations (keys ``"rank.stage"``).
+            action_channel: Rollout -> env policy outputs (same keys).
+            actor_channel: Env -> actor trajectory pieces (key: actor rank).
+
+        Returns:
+            ``{"env_steps": sub-steps that advanced a live episode, "episodes": {metric:
+            [values of the episodes that finished]}}``.
+        """
+        cfg = self.cfg
+        timeout = cfg.runner.channel_timeout_s
+        stages = len(self.train_envs)
+        chunks = cfg.actor.model.num_action_chunks
+        steps = chunk_steps(cfg.env.train, self.train_envs[0].spec, chunks)
+        episodes: dict[str, list[float]] = defaultdict(list)
+        builders: list[TrajectoryBuilder] = []
+        closing = [False] * stages
+        env_steps = 0
+        with self.worker_timer("interact"):
+            for s, env in enumerate(self.train_envs):
+                out = self._last[s]
+                if out is None or not env.auto_reset:
+                    out = env.reset()
+                obs_channel.put(out.to_cpu(), key=stream_key(self.rank, s), timeout=timeout)
+                builders.append(
+                    TrajectoryBuilder(
+                        env.num_envs, chunks, cfg.algorithm.gamma, cfg.algorithm.bootstrap_type
+                    )
+                )
+            # Round t < steps acts on the obs after chunk t - 1; the last request of a
+            # stream (round ``steps``, or the round after all its episodes ended without
+            # auto-reset) only brings the values of its last observation.
+            active = list(range(stages))
+            for t in range(steps + 1):
+                for s in list(active):
+                    env = self.train_envs[s]
+                    key = stream_key(self.rank, s)
+                    policy_out = action_channel.get(key=key, timeout=timeout)
+                    if t == steps or closing[s]:
+                        obs_channel.put(None, key=key, timeout=timeout)
+                        group_ids = env.group_ids + (self.rank * stages + s) * env.num_groups
+                        traj = builders[s].finish(policy_out, group_ids, steps)
+                        self._ship(s, traj, actor_channel, timeout)  # streams to the actor now
+                        active.remove(s)
+                        continue
+                    builders[s].add_policy_output(policy_out)
+                    out, metrics = env.chunk_step(policy_out.actions)
+                    alive = env.last_alive_mask
+                    env_steps += int(alive.sum())
+                    builders[s].add_chunk(out, alive)
+                    for name, values in metrics.items():
+                        episodes[name].extend(values.tolist())
+                    self._last[s] = out
+                    # Without auto-reset, a stage whose episodes all ended stops early
+                    # (the rest of its trajectory is padding outside the loss mask).
+                    closing[s] = not env.auto_reset and bool(out.dones[:, -1].all())
+                    obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
+            for s, env in enumerate(self.train_envs):
+                if not env.auto_reset:
+                    env.update_reset_seeds()
+                    self._seed_epochs[s] += 1
+        return {"env_steps": env_steps, "episodes": dict(episodes)}
+
+    def _ship(self, stage: int, traj: Trajectory, channel: Channel, timeout: float) -> None:
+        """Puts one stage's trajectory, cut into pieces, under the keys of their actor ranks."""
+        stages = len(self.train_envs)
+        split_num, per_actor = actor_pieces(self._actor_world_size, self.world_size, stages)
+        for j, piece in enumerate(split_trajectory(traj, split_num)):
+            index = (self.rank * stages + stage) * split_num + j
+            channel.put((index, piece), key=str(index // per_actor), timeout=timeout)
+
+    # ------------------------------------------------------------------ eval
+
+    def evaluate(self, obs_channel: Channel, action_channel: Channel) -> dict[str, list[float]]:
+        """Runs the eval envs from their deterministic seeds with the rollout in eval mode.
+
+        Args:
+            obs_channel: Env -> rollout observations.
+            action_channel: Rollout -> env actions.
+
+        Returns:
+            Per metric, the values of every eval episode that finished.
+
+        Raises:
+            RuntimeError: The run has no eval envs (``env.eval`` is null).
+        """
+        if not self.eval_envs:
+            raise RuntimeError("env.eval is null: this run has no eval envs")
+        cfg = self.cfg
+        assert cfg.env.eval is not None
+        timeout = cfg.runner.channel_timeout_s
+        chunks = cfg.actor.model.num_action_chunks
+        steps = chunk_steps(cfg.env.eval, self.eval_envs[0].spec, chunks)
+        episodes: dict[str, list[float]] = defaultdict(list)
+        with self.worker_timer("evaluate"):
+            for s, env in enumerate(self.eval_envs):
+                out = env.reset(seed=cfg.env.eval.seed)
+                obs_channel.put(out.to_cpu(), key=stream_key(self.rank, s), timeout=timeout)
+            active = list(range(len(self.eval_envs)))
+            for t in range(steps):
+                for s in list(active):
+                    env = self.eval_envs[s]
+                    key = stream_key(self.rank, s)
+                    policy_out = action_channel.get(key=key, timeout=timeout)
+                    out, metrics = env.chunk_step(policy_out.actions)
+                    for name, values in metrics.items():
+                        episodes[name].extend(values.tolist())
+                    over = not env.auto_reset and bool(out.dones[:, -1].all())
+                    if over or t == steps - 1:
+                        obs_channel.put(None, key=key, timeout=timeout)
+                        active.remove(s)
+                    else:
+                        obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
+            for env in self.eval_envs:
+                env.flush_video()
+        return dict(episodes)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        """Writes this rank's env state under ``path/env/``.
+
+        The simulators themselves are pickled when they can be (gymnasium
+        classic control), so a resumed ``auto_reset`` run continues the same
+        episodes; otherwise only the reset-seed schedule is saved and the
+        resumed run starts new episodes (see ``docs/embodied.md``).
+
+        Args:
+            path: The checkpoint folder (``.../global_step_N``).
+            step: The global step.
+        """
+        folder = Path(path) / "env"
+        folder.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"step": step, "seed_epochs": list(self._seed_epochs)}
+        try:
+            state["envs"] = pickle.dumps((self.train_envs, self._last))
+        except Exception as exc:  # simulators with native handles cannot be pickled
+            self.log_info(
+                "env state is not picklable (%s: %s); the resumed run starts new episodes",
+                type(exc).__name__,
+                exc,
+            )
+        with open(folder / f"rank_{self.rank}.pt", "wb") as f:
+            torch.save(state, f)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restores this rank's env state saved by :meth:`save_checkpoint`.
+
+        Args:
+            path: The checkpoint folder.
+
+        Returns:
+            The step it was saved at.
+        """
+        file = Path(path) / "env" / f"rank_{self.rank}.pt"
+        state = torch.load(file, weights_only=False)
+        envs_blob = state.get("envs")
+        stages = len(self.train_envs)
+        if envs_blob is not None:
+            envs, last = pickle.loads(envs_blob)
+            if len(envs) == stages:
+                for env in self.train_envs:
+                    env.close()
+                self.train_envs, self._last = list(envs), list(last)
+                self._seed_epochs = list(state["seed_epochs"])
+                return int(state["step"])
+        # Not picklable: replay the reset-seed schedule; episodes restart.
+        seed = self.cfg.env.train.seed
+        for s, env in enumerate(self.train_envs):
+            env.reset(seed=seed)
+            for _ in range(int(state["seed_epochs"][s])):
+                env.update_reset_seeds()
+        self._seed_epochs = list(state["seed_epochs"])
+        self._last = [None] * stages
+        return int(state["step"])

@@ -1,0 +1,210 @@
+"""``MultiStepRolloutWorker``: a stateless policy server for the env ranks it serves.
+
+:meth:`MultiStepRolloutWorker.generate` loops over pipeline stages: for stage
+``s`` it takes the next observation of every served env rank's stage-``s``
+stream (key ``"env_rank.s"``), acts on them in one batch, and sends each env
+rank its slice of the :class:`~rlinf.core.protocols.embodied.PolicyOutput`.
+A stream ends when its env rank sends ``None``; ``generate`` returns when all
+have ended, so the same loop serves training rollouts and eval. When an
+observation comes with ``final_obs`` (envs that auto-reset), the output also
+carries ``bootstrap_values = V(final_obs)``.
+
+Weights arrive from actor rank 0 by broadcast (:meth:`sync_model_from_actor`)
+together with their version, which stamps every output.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.models import BasePolicy, build_policy
+from rlinf.embodied.workers.common import (
+    derive_seed,
+    merge_env_outputs,
+    select_device,
+    serving_env_ranks,
+    setup_process,
+    split_policy_output,
+    stream_key,
+)
+from rlinf.sched import Worker
+
+__all__ = ["MultiStepRolloutWorker"]
+
+
+class MultiStepRolloutWorker(Worker):
+    """Rollout rank: runs the policy for its env ranks' streams.
+
+    Args:
+        cfg: The run config.
+    """
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        setup_process(cfg)
+        self.policy: BasePolicy | None = None
+        self.version = -1
+        self.device = select_device()
+        self._actor_group = ""
+        self._env_ranks: list[int] = []
+        self._offload = False
+
+    def init_worker(
+        self,
+        cfg: EmbodiedConfig,
+        spec: EnvSpec,
+        actor_group: str,
+        env_world_size: int,
+        offload: bool = False,
+    ) -> None:
+        """(Re)builds the policy for ``spec``; weights come with the first sync.
+
+        Args:
+            cfg: The run config (the runner's).
+            spec: The train env's spec.
+            actor_group: Name of the actor group (rank 0 sends the weights).
+            env_world_size: Env ranks; this rank serves ``e`` with ``e % world_size == rank``.
+            offload: Collocated with the actor: hold the device lock while serving and
+                keep the policy off the GPU between rollouts.
+        """
+        self.cfg = cfg
+        self._actor_group = actor_group
+        setup_process(cfg)  # plugin modules of this config
+        self._env_ranks = serving_env_ranks(self.rank, env_world_size, self.world_size)
+        self._offload = offload
+        # Its own init (not the actor's): until the first sync the weights differ.
+        torch.manual_seed(derive_seed(cfg.actor.seed, "rollout", self.rank) % 2**31)
+        policy = build_policy(cfg.actor.model, spec)
+        policy.requires_grad_(False)
+        policy.eval()
+        self.policy = policy.to("cpu" if offload and self.device.type == "cuda" else self.device)
+        self.version = -1
+
+    def _require_policy(self) -> BasePolicy:
+        if self.policy is None:
+            raise RuntimeError("init_worker() must run before this call")
+        return self.policy
+
+    # ------------------------------------------------------------------ weights
+
+    def sync_model_from_actor(self) -> int:
+        """Receives the actor's weights (broadcast from actor rank 0).
+
+        Returns:
+            The new weight version.
+        """
+        policy = self._require_policy()
+        groups: list[tuple[str, int | list[int]]] = [
+            (self._actor_group, 0),
+            (self.group_name, list(range(self.world_size))),
+        ]
+        with self.worker_timer("sync_weights"):
+            state, version = self.broadcast(
+                None,
+                groups,
+                src=(self._actor_group, 0),
+                timeout=self.cfg.runner.channel_timeout_s,
+            )
+            policy.load_state_dict(state, strict=True)
+        self.version = int(version)
+        return self.version
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's current state dict as CPU tensors (for checks and tests)."""
+        policy = self._require_policy()
+        return {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
+
+    # ------------------------------------------------------------------ offload
+
+    def offload(self) -> None:
+        """Moves the policy to the CPU (a no-op when its device is the CPU)."""
+        if self.policy is not None and self.device.type == "cuda":
+            self.policy.to("cpu")
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        """Moves the policy back to its device."""
+        if self.policy is not None and self.device.type == "cuda":
+            self.policy.to(self.device)
+
+    # ------------------------------------------------------------------ serving
+
+    def generate(
+        self, obs_channel: Channel, action_channel: Channel, step: int, mode: str = "train"
+    ) -> dict[str, Any]:
+        """Serves the streams of its env ranks until every one has ended.
+
+        Args:
+            obs_channel: Env -> rollout observations.
+            action_channel: Rollout -> env policy outputs.
+            step: Global step (seeds the sampling, so resumed runs sample alike).
+            mode: ``train`` samples actions; ``eval`` takes the deterministic action.
+
+        Returns:
+            ``{"calls": policy calls, "infer_time": seconds inside the policy}``.
+        """
+        policy = self._require_policy()
+        timeout = self.cfg.runner.channel_timeout_s
+        stages = self.cfg.rollout.pipeline_stage_num
+        if self._offload:
+            self.acquire_device_lock(timeout=self.cfg.runner.step_timeout_s)
+        try:
+            if self._offload:
+                self.onload()
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(derive_seed(self.cfg.runner.seed, step, self.rank, mode))
+            active = {s: list(self._env_ranks) for s in range(stages)}
+            calls, infer_time = 0, 0.0
+            with self.worker_timer(f"generate_{mode}"):
+                while any(active.values()):
+                    for s in range(stages):
+                        ranks = active[s]
+                        if not ranks:
+                            continue
+                        live: list[tuple[int, EnvOutput]] = []
+                        for e in list(ranks):
+                            item = obs_channel.get(key=stream_key(e, s), timeout=timeout)
+                            if item is None:
+                                ranks.remove(e)
+                            else:
+                                live.append((e, item))
+                        if not live:
+                            continue
+                        t0 = time.perf_counter()
+                        outputs = self._act(policy, [o for _, o in live], mode, generator)
+                        infer_time += time.perf_counter() - t0
+                        calls += 1
+                        for (e, _), out in zip(live, outputs, strict=True):
+                            action_channel.put(out, key=stream_key(e, s), timeout=timeout)
+        finally:
+            if self._offload:
+                self.offload()
+                self.release_device_lock()
+        return {"calls": calls, "infer_time": infer_time}
+
+    def _act(
+        self,
+        policy: BasePolicy,
+        outputs: list[EnvOutput],
+        mode: str,
+        generator: torch.Generator,
+    ) -> list[PolicyOutput]:
+        obs, final_obs = merge_env_outputs(outputs)
+        with torch.no_grad():
+            result = policy.predict_action_batch(obs, mode=mode, generator=generator)
+            bootstrap = None
+            if final_obs is not None:
+                bootstrap = policy.get_value(final_obs)[:, :1]
+        result.bootstrap_values = bootstrap
+        result.version = self.version
+        result = result.to_cpu()
+        if mode == "eval":  # env ranks only need the actions
+            result = PolicyOutput(actions=result.actions, version=self.version)
+        return split_policy_output(result, [o.num_envs for o in outputs])

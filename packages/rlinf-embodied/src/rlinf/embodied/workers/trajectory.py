@@ -1,0 +1,168 @@
+"""``TrajectoryBuilder``: turns one stage's chunk steps into a :class:`Trajectory`.
+
+It implements the T+1 convention and the two reward/flag fixes of this
+implementation (see ``docs/embodied.md``):
+
+* Episode-end flags are placed at the sub-step that actually ended the episode
+  (the env reports them in the chunk's last column): with ``C > 1`` the dead
+  sub-steps after an in-chunk end get no flag, are masked out of the loss by
+  ``alive`` and carry zero reward, so neither GAE nor GRPO sees them.
+* The bootstrap ``gamma * V(final obs)`` of a truncated episode (any ended
+  episode with ``bootstrap_type: always``) is added to the reward of that
+  sub-step once the rollout has evaluated the final observation, i.e. when the
+  next policy output of the stage arrives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf.core.protocols.embodied import EnvOutput, PolicyOutput, Trajectory
+
+__all__ = ["TrajectoryBuilder"]
+
+
+class TrajectoryBuilder:
+    """Collects one rollout epoch of one env stage.
+
+    Call order per chunk step: :meth:`add_policy_output` (the policy output
+    acting on the current obs; it also settles the previous chunk's bootstrap),
+    then :meth:`add_chunk` (the env's output after the chunk). After the last
+    chunk, :meth:`finish` with the policy output on the last observation.
+
+    Args:
+        num_envs: ``n``.
+        num_chunks: ``C``.
+        gamma: Discount used for the bootstrap.
+        bootstrap_type: ``standard`` (truncations) or ``always`` (every end).
+    """
+
+    def __init__(self, num_envs: int, num_chunks: int, gamma: float, bootstrap_type: str) -> None:
+        self.n, self.c = num_envs, num_chunks
+        self.gamma = gamma
+        self.bootstrap_always = bootstrap_type == "always"
+        self.actions: list[torch.Tensor] = []
+        self.logprobs: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.forward_inputs: list[dict[str, torch.Tensor]] = []
+        self.versions: list[int] = []
+        self.rewards: list[torch.Tensor] = []
+        self.terminations: list[torch.Tensor] = []
+        self.truncations: list[torch.Tensor] = []
+        self.alive: list[torch.Tensor] = []
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _settle(self, output: PolicyOutput) -> None:
+        """Adds ``gamma * V(final obs)`` to the last reward of episodes that ended last chunk."""
+        if self._pending is None:
+            return
+        mask, col = self._pending
+        self._pending = None
+        if not bool(mask.any()):
+            return
+        if output.bootstrap_values is not None:
+            value = output.bootstrap_values[:, 0]
+        elif output.prev_values is not None:
+            value = output.prev_values[:, 0]  # held final obs (no auto-reset)
+        else:
+            return
+        rows = torch.nonzero(mask).squeeze(1)
+        rewards = self.rewards[-1]
+        rewards[rows, col[rows]] += self.gamma * value[rows].to(rewards.dtype)
+
+    def add_policy_output(self, output: PolicyOutput) -> None:
+        """Records the action chunk chosen on the current observation.
+
+        Args:
+            output: The rollout's output for this stage (CPU tensors).
+        """
+        self._settle(output)
+        actions = output.actions
+        self.actions.append(actions.reshape(self.n, -1).to(torch.float32))
+        if output.prev_logprobs is None or output.prev_values is None:
+            raise ValueError("a train policy output needs prev_logprobs and prev_values")
+        self.logprobs.append(output.prev_logprobs.to(torch.float32))
+        self.values.append(output.prev_values.to(torch.float32))
+        self.forward_inputs.append(dict(output.forward_inputs))
+        self.versions.append(int(output.version))
+
+    def add_chunk(self, out: EnvOutput, alive: torch.Tensor) -> None:
+        """Records the env's output after a chunk step.
+
+        Args:
+            out: The env output (rewards and flags [n, C], flags in the last column).
+            alive: [n, C] bool: sub-steps that advanced a live episode.
+        """
+        if out.rewards is None:
+            raise ValueError("a chunk step's env output must carry rewards")
+        alive = alive.to(torch.bool)
+        rewards = out.rewards.to(torch.float32).clone()
+        rewards[~alive] = 0.0
+        started_live = alive[:, 0]
+        term = out.terminations[:, -1] & started_live
+        trunc = out.truncations[:, -1] & started_live & ~term
+        col = (alive.sum(dim=1) - 1).clamp(min=0)
+        rows = torch.arange(self.n)
+        terminations = torch.zeros(self.n, self.c, dtype=torch.bool)
+        truncations = torch.zeros(self.n, self.c, dtype=torch.bool)
+        terminations[rows[term], col[term]] = True
+        truncations[rows[trunc], col[trunc]] = True
+        self.rewards.append(rewards)
+        self.terminations.append(terminations)
+        self.truncations.append(truncations)
+        self.alive.append(alive)
+        bootstrap = trunc | term if self.bootstrap_always else trunc
+        self._pending = (bootstrap, col)
+
+    def finish(
+        self, final: PolicyOutput, group_ids: torch.Tensor, num_steps: int | None = None
+    ) -> Trajectory:
+        """Builds the trajectory, given the policy output on the last observation.
+
+        Args:
+            final: Policy output on the observation after the last chunk (its
+                ``prev_values`` become the last value row; its bootstrap values
+                settle the last chunk).
+            group_ids: [n] group of each env.
+            num_steps: Pad to this many chunk steps (a stream that stopped early
+                because all its episodes ended): padded steps are not alive, have
+                zero rewards, no flags, zero values and copies of the last inputs.
+
+        Returns:
+            The trajectory ([T, n, ...] and [T + 1, n, ...] tensors).
+        """
+        self._settle(final)
+        if final.prev_values is None:
+            raise ValueError("the final policy output needs prev_values")
+        t = len(self.rewards)
+        if t == 0 or len(self.actions) != t:
+            raise ValueError(f"inconsistent trajectory: {len(self.actions)} actions, {t} chunks")
+        final_values = final.prev_values.to(torch.float32)
+        if num_steps is not None and num_steps > t:
+            for _ in range(num_steps - t):
+                self.actions.append(torch.zeros_like(self.actions[-1]))
+                self.logprobs.append(torch.zeros_like(self.logprobs[-1]))
+                self.values.append(final_values)
+                self.forward_inputs.append(self.forward_inputs[-1])
+                self.versions.append(self.versions[-1])
+                self.rewards.append(torch.zeros_like(self.rewards[-1]))
+                self.terminations.append(torch.zeros_like(self.terminations[-1]))
+                self.truncations.append(torch.zeros_like(self.truncations[-1]))
+                self.alive.append(torch.zeros_like(self.alive[-1]))
+        first = torch.zeros(1, self.n, self.c, dtype=torch.bool)
+        terminations = torch.cat([first, torch.stack(self.terminations)])
+        truncations = torch.cat([first, torch.stack(self.truncations)])
+        keys = list(self.forward_inputs[0])
+        return Trajectory(
+            actions=torch.stack(self.actions),
+            prev_logprobs=torch.stack(self.logprobs),
+            prev_values=torch.stack([*self.values, final_values]),
+            rewards=torch.stack(self.rewards),
+            dones=terminations | truncations,
+            terminations=terminations,
+            truncations=truncations,
+            forward_inputs={k: torch.stack([f[k] for f in self.forward_inputs]) for k in keys},
+            versions=torch.tensor(self.versions, dtype=torch.int64),
+            group_ids=group_ids.clone(),
+            alive=torch.stack(self.alive),
+        )

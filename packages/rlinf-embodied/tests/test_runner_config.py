@@ -1,0 +1,138 @@
+"""EmbodiedConfig: the example configs validate; every rule's error names its key."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlinf.core.config import ConfigError, compose_config, validate_config
+from rlinf.embodied.config import EmbodiedConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
+EXAMPLES = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def base() -> dict[str, Any]:
+    return compose_config("cartpole_ppo_mlp", CONFIG_DIR)
+
+
+def errors_of(data: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as info:
+        validate_config(data, EmbodiedConfig)
+    return [(issue.path, issue.message) for issue in info.value.issues]
+
+
+def test_every_example_config_validates() -> None:
+    assert set(EXAMPLES) >= {
+        "cartpole_ppo_mlp",
+        "cartpole_grpo_mlp",
+        "maniskill_pickcube_ppo_mlp",
+        "maniskill_pushcube_ppo_mlp",
+        "maniskill_pickcube_ppo_cnn",
+        "robosuite_lift_ppo_mlp",
+    }
+    for name in EXAMPLES:
+        cfg = validate_config(compose_config(name, CONFIG_DIR), EmbodiedConfig)
+        assert cfg.runner.total_steps > 0
+        text = (CONFIG_DIR / f"{name}.yaml").read_text()
+        for mode in ("collocated", "disaggregated", "hybrid"):
+            assert mode in text, f"{name}.yaml does not show the {mode} placement"
+
+
+def edit(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(base())
+    node = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "key", "words"),
+    [
+        ("env.train.num_envs", 15, "env.train.num_envs", ["pipeline_stage_num", "16"]),
+        ("env.eval.num_envs", 7, "env.eval.num_envs", ["not divisible"]),
+        ("actor.micro_batch_size", 300, "actor.global_batch_size", ["micro_batch_size=300"]),
+        ("env.train.max_steps_per_rollout_epoch", 0, "env.train.max_steps_per_rollout_epoch", []),
+        ("actor.model.add_value_head", False, "actor.model.add_value_head", ["gae"]),
+        ("algorithm.loss_type", "actor", "algorithm.loss_type", ["actor_critic"]),
+        ("algorithm.adv_type", "gea", "algorithm.adv_type", ["gae"]),
+        ("actor.model.model_type", "mlpp", "actor.model.model_type", ["mlp"]),
+        ("runner.val_check_interval", 0, "runner.val_check_interval", ["-1"]),
+        ("env.eval.max_steps_per_rollout_epoch", 100, "env.eval.max_steps_per_rollout_epoch", []),
+        ("actor.optim.lr_scheduler", "cosine_warm", "actor.optim.lr_scheduler", ["cosine"]),
+        ("rollout.pipeline_stages", 2, "rollout.pipeline_stages", ["pipeline_stage_num"]),
+    ],
+)
+def test_errors_name_the_key_the_value_and_the_fix(
+    path: str, value: Any, key: str, words: list[str]
+) -> None:
+    issues = errors_of(edit(path, value))
+    assert any(p == key for p, _ in issues), issues
+    message = next(m for p, m in issues if p == key)
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_grpo_rules() -> None:
+    data = compose_config("cartpole_grpo_mlp", CONFIG_DIR)
+    bad = copy.deepcopy(data)
+    bad["env"]["train"]["group_size"] = 4
+    ((path, message),) = errors_of(bad)
+    assert path == "env.train.group_size" and "algorithm.group_size=8" in message
+    bad = copy.deepcopy(data)
+    bad["env"]["train"]["auto_reset"] = True
+    ((path, message),) = errors_of(bad)
+    assert path == "env.train.auto_reset" and "first episode" in message
+    bad = copy.deepcopy(data)
+    bad["env"]["train"]["num_envs"] = 24  # 24 % (2 stages * 8) != 0
+    ((path, message),) = errors_of(bad)
+    assert path == "env.train.num_envs" and "group_size (8) = 16" in message
+
+
+def test_placement_must_place_the_three_components() -> None:
+    issues = errors_of(edit("cluster.component_placement", {"actor": "0-1", "env": 0}))
+    assert issues[0][0] == "cluster.component_placement" and "rollout" in issues[0][1]
+    issues = errors_of(
+        edit("cluster.component_placement", {"actor": 0, "env": 0, "rollout": 1, "critic": 1})
+    )
+    assert "critic" in issues[0][1]
+
+
+def test_world_size_rules_name_the_key() -> None:
+    cfg = validate_config(base(), EmbodiedConfig)
+    cfg.check_world_sizes(actor=2, env=1, rollout=1, max_episode_steps=500)
+    with pytest.raises(ConfigError) as info:
+        cfg.check_world_sizes(actor=3, env=1, rollout=1, max_episode_steps=500)
+    paths = [i.path for i in info.value.issues]
+    assert "env.train.num_envs" in paths and "actor.global_batch_size" in paths
+    with pytest.raises(ConfigError, match=r"cluster\.component_placement"):
+        cfg.check_world_sizes(actor=2, env=1, rollout=2, max_episode_steps=500)
+    big = validate_config(edit("actor.global_batch_size", 1536), EmbodiedConfig)
+    with pytest.raises(ConfigError, match=r"actor.global_batch_size: each actor rank trains on"):
+        big.check_world_sizes(actor=2, env=1, rollout=1)
+
+
+def test_script_help_and_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "train_embodied_agent", ROOT / "examples" / "embodiment" / "train_embodied_agent.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as info:
+        script.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--config-name" in out and "cartpole_grpo_mlp" in out
+    # A bad value fails before any worker starts, naming the key and the fix.
+    assert script.main(["--config-name", "cartpole_ppo_mlp", "env.train.num_envs=15"]) == 2
+    err = capsys.readouterr().err
+    assert "env.train.num_envs" in err and "pipeline_stage_num" in err

@@ -1,0 +1,487 @@
+"""EmbodiedRunner end to end: real Ray groups on CPU slots, real envs, tiny policies.
+
+* weight sync: after ``update_rollout_weights`` the rollout's weights equal the
+  actor's, and every trajectory carries the synced version;
+* the same CartPole config trains in collocated, disaggregated and hybrid placements;
+* PPO learns (eval return from < 50 to > 150) and eval metrics reach TensorBoard;
+* resume from ``auto`` reproduces the next step of an uninterrupted run exactly;
+* ManiSkill PickCube (state and RGB) and robosuite Lift run two training steps
+  (skipped with the reason where the simulator cannot start);
+* slow: the example configs reach the acceptance returns (PPO >= 475, GRPO >= 400).
+
+Launched groups are reused across tests: ``init_workers`` rebuilds every worker's
+state (envs, policy, optimizer) from the runner's config. The three groups of a
+placement are launched concurrently to save start-up time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rlinf.core.config import compose_config, validate_config
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.envs import available_envs, register_env
+from rlinf.embodied.envs.gym_env import GymVectorEnv
+from rlinf.embodied.runner import EmbodiedRunner
+from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.sched import Cluster, HybridComponentPlacement, WorkerError, WorkerGroup
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
+HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
+COLLOCATED = {"actor,env,rollout": "0-1"}
+
+
+def make_config(
+    tmp_path: Path,
+    name: str,
+    overrides: Sequence[str] = (),
+    placement: dict[str, Any] | None = None,
+    config: str = "cartpole_ppo_mlp",
+) -> EmbodiedConfig:
+    data = compose_config(
+        config,
+        CONFIG_DIR,
+        [f"runner.logger.log_path={tmp_path}", f"runner.logger.experiment_name={name}", *overrides],
+    )
+    if placement is not None:
+        data["cluster"]["component_placement"] = placement
+    return validate_config(data, EmbodiedConfig)
+
+
+SMALL = [
+    "env.train.num_envs=8",
+    "env.train.max_steps_per_rollout_epoch=32",
+    "env.eval.num_envs=4",
+    "env.eval.max_episode_steps=40",
+    "actor.global_batch_size=128",
+    "actor.micro_batch_size=32",
+]
+
+
+def launch(cluster: Cluster, cfg: EmbodiedConfig, prefix: str) -> list[WorkerGroup]:
+    """Launches actor, rollout and env groups concurrently; returns them in that order."""
+    placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+    roles = (
+        (EmbodiedFSDPActor, "actor"),
+        (MultiStepRolloutWorker, "rollout"),
+        (EnvWorker, "env"),
+    )
+    unlaunched = [cls.create_group(cfg) for cls, _ in roles]
+    with ThreadPoolExecutor(len(roles)) as pool:
+        futures = [
+            pool.submit(
+                group.launch,
+                cluster,
+                placement_strategy=placement.get_strategy(name),
+                name=f"{prefix}-{name}",
+                timeout=300,  # slow starts on a busy 2-core machine
+            )
+            for group, (_, name) in zip(unlaunched, roles, strict=True)
+        ]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for group in unlaunched:
+            group.shutdown()
+        raise next(e for e in errors if e is not None)
+    return unlaunched
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    assert not ray.is_initialized()
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 3}, num_cpus=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hybrid(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[WorkerGroup]]:
+    cfg = make_config(tmp_path_factory.mktemp("hybrid"), "launch", placement=HYBRID)
+    groups = launch(cluster, cfg, "hybrid")
+    yield groups
+    for group in groups:
+        group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def collocated(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[WorkerGroup]]:
+    cfg = make_config(tmp_path_factory.mktemp("collocated"), "launch", placement=COLLOCATED)
+    groups = launch(cluster, cfg, "collocated")
+    yield groups
+    for group in groups:
+        group.shutdown()
+
+
+def scalars(tb_dir: Path, key: str) -> dict[int, float]:
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(key)}
+
+
+def all_scalars(tb_dir: Path, step: int) -> dict[str, float]:
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    out = {}
+    for key in events.Tags()["scalars"]:
+        for e in events.Scalars(key):
+            if e.step == step:
+                out[key] = e.value
+    return out
+
+
+# ----------------------------------------------------------------------------- weight sync
+
+
+def test_rollout_weights_equal_the_actors_after_sync(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    actor, rollout, env = hybrid
+    cfg = make_config(tmp_path, "sync", SMALL, placement=HYBRID)
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.mode == "hybrid"
+
+        def check() -> None:
+            full = actor.get_full_state_dict().wait(timeout=120)
+            assert full[1] == {}  # only rank 0 gathers the full weights
+            (weights,) = rollout.get_weights().wait(timeout=120)
+            assert weights and set(weights) == set(full[0])
+            for key, value in full[0].items():
+                assert torch.equal(weights[key], value), key
+
+        # The rollout built its own random init; the first sync makes it the actor's.
+        (before,) = rollout.get_weights().wait(timeout=120)
+        full0 = actor.get_full_state_dict().wait(timeout=120)[0]
+        assert any(not torch.equal(before[k], full0[k]) for k in full0)
+        runner.update_rollout_weights()
+        check()
+        # A training step changes the weights; the next sync carries version 1.
+        runner.generate_rollouts()
+        assert actor.batch_versions().wait(timeout=60) == [[0], [0]]
+        runner.compute_advantages_and_returns()
+        metrics = runner.run_training()
+        assert all(math.isfinite(v) for v in metrics.values())
+        runner.global_step += 1
+        runner.update_rollout_weights()
+        check()
+        runner.generate_rollouts()
+        assert actor.batch_versions().wait(timeout=60) == [[1], [1]]
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def check_run(metrics: dict[str, float], tb_dir: Path, env_ranks: int) -> None:
+    for key in ("train/actor/policy_loss", "train/critic/value_loss", "train/actor/entropy_loss"):
+        assert math.isfinite(metrics[key]), (key, metrics[key])
+    for prefix in ("train/", "rollout/", "env/", "time/", "eval/"):
+        assert any(k.startswith(prefix) for k in metrics), prefix
+    # 2 steps * 8 envs per env rank * 32 sub-steps (CartPole never idles with auto-reset).
+    assert metrics["rollout/env_steps"] == 2 * 8 * env_ranks * 32
+    assert metrics["eval/num_episodes"] == 4 * env_ranks
+    assert sorted(scalars(tb_dir, "train/actor/policy_loss")) == [1, 2]
+
+
+def test_same_config_trains_collocated(collocated: list[WorkerGroup], tmp_path: Path) -> None:
+    actor, rollout, env = collocated
+    assert (actor.world_size, env.world_size, rollout.world_size) == (2, 2, 2)
+    cfg = make_config(
+        tmp_path,
+        "collocated",
+        [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"],
+        placement=COLLOCATED,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.mode == "collocated"
+        metrics = runner.run()
+    check_run(metrics, runner.tensorboard_dir, 2)
+
+
+def test_same_config_trains_disaggregated(cluster: Cluster, tmp_path: Path) -> None:
+    placement = {"actor": 0, "env": 1, "rollout": 2}
+    cfg = make_config(
+        tmp_path,
+        "disaggregated",
+        [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"],
+        placement=placement,
+    )
+    groups = launch(cluster, cfg, "disaggregated")
+    try:
+        actor, rollout, env = groups
+        with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+            runner.init_workers()
+            assert runner.mode == "disaggregated"
+            metrics = runner.run()
+    finally:
+        for group in groups:
+            group.shutdown()
+    check_run(metrics, runner.tensorboard_dir, 1)
+
+
+def test_same_config_trains_hybrid(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    actor, rollout, env = hybrid
+    cfg = make_config(
+        tmp_path,
+        "hybrid",
+        [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"],
+        placement=HYBRID,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.mode == "hybrid"
+        metrics = runner.run()
+    check_run(metrics, runner.tensorboard_dir, 1)
+
+
+# ----------------------------------------------------------------------------- learning + eval
+
+
+def test_ppo_learns_and_logs_eval_to_tensorboard(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    actor, rollout, env = hybrid
+    steps = 10
+    cfg = make_config(
+        tmp_path,
+        "learn",
+        [
+            f"runner.max_epochs={steps}",
+            f"runner.val_check_interval={steps}",
+            "runner.val_before_train=true",
+            "actor.optim.lr_scheduler=constant",
+        ],
+        placement=HYBRID,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.run()
+        tb_dir = runner.tensorboard_dir
+    returns = scalars(tb_dir, "eval/return")
+    lengths = scalars(tb_dir, "eval/episode_len")
+    assert sorted(returns) == [0, steps] and sorted(lengths) == [0, steps]
+    assert scalars(tb_dir, "eval/num_episodes")[steps] == 20
+    assert returns[0] < 50, returns
+    assert returns[steps] > 150, returns
+    assert returns == lengths  # CartPole pays 1 per step
+    env_steps = scalars(tb_dir, "rollout/env_steps")[steps]
+    assert env_steps == steps * 16 * 128
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resume_from_auto_repeats_the_next_step(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    actor, rollout, env = hybrid
+    common = [
+        *SMALL,
+        "env.train.max_steps_per_rollout_epoch=64",
+        "runner.max_epochs=3",
+        "runner.val_check_interval=-1",
+    ]
+    first = make_config(tmp_path, "straight", [*common, "runner.save_interval=2"], placement=HYBRID)
+    with EmbodiedRunner(first, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.run()
+        straight_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
+    assert sorted(p.name for p in ckpt_root.iterdir()) == ["global_step_2", "global_step_3"]
+    # A second experiment holding only the step-2 checkpoint resumes from "auto".
+    second = make_config(tmp_path, "resumed", [*common, "runner.resume_dir=auto"], placement=HYBRID)
+    target = second.runner.logger.experiment_dir / "checkpoints" / "global_step_2"
+    shutil.copytree(ckpt_root / "global_step_2", target)
+    with EmbodiedRunner(second, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.global_step == 2
+        runner.run()
+        resumed_dir = runner.tensorboard_dir
+    assert 2 not in scalars(resumed_dir, "train/actor/policy_loss")  # only step 3 ran
+    want, got = all_scalars(straight_dir, 3), all_scalars(resumed_dir, 3)
+    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
+    assert keys == sorted(k for k in got if not k.startswith("time/") and not k.endswith("_per_s"))
+    assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
+    mismatched = {k: (want[k], got[k]) for k in keys if want[k] != got[k]}
+    assert not mismatched, mismatched
+
+
+# ----------------------------------------------------------------------------- simulators
+
+SIM_TINY = [
+    "runner.max_epochs=2",
+    "runner.val_check_interval=2",
+    "runner.save_interval=-1",
+    "rollout.pipeline_stage_num=1",
+    "env.train.num_envs=2",
+    "env.train.max_episode_steps=10",
+    "env.train.max_steps_per_rollout_epoch=10",
+    "++env.train.sim_backend=cpu",
+    "env.eval.num_envs=2",
+    "env.eval.max_episode_steps=10",
+    "++env.eval.sim_backend=cpu",
+    "actor.global_batch_size=20",
+    "actor.micro_batch_size=10",
+    "algorithm.update_epoch=2",
+]
+
+
+def two_sim_steps(
+    groups: list[WorkerGroup], tmp_path: Path, config: str, extra: Sequence[str], sim: str
+) -> None:
+    actor, rollout, env = groups
+    cfg = make_config(tmp_path, config, [*SIM_TINY, *extra], placement=COLLOCATED, config=config)
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        try:
+            runner.init_workers()
+        except WorkerError as exc:
+            text = str(exc)
+            if "RuntimeError" in text and any(
+                w in text.lower() for w in ("vulkan", "sapien", "render", "maniskill")
+            ):
+                pytest.skip(f"{sim} could not start on this machine: {text.splitlines()[-1]}")
+            raise
+        metrics = runner.run()
+        tb_dir = runner.tensorboard_dir
+    assert runner.global_step == 2
+    for key in ("train/actor/policy_loss", "train/critic/value_loss", "train/actor/entropy_loss"):
+        assert math.isfinite(metrics[key]), (key, metrics[key])
+    assert metrics["rollout/env_steps"] == 2 * 2 * 2 * 10  # steps * env ranks * envs * sub-steps
+    events = EventAccumulator(str(tb_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for key in ("eval/return", "eval/episode_len", "eval/success_once", "env/success_once"):
+        assert key in tags, key
+
+
+needs_maniskill = pytest.mark.skipif(
+    importlib.util.find_spec("mani_skill") is None, reason="ManiSkill is not installed"
+)
+
+
+@needs_maniskill
+def test_maniskill_pickcube_state_two_steps(collocated: list[WorkerGroup], tmp_path: Path) -> None:
+    two_sim_steps(
+        collocated,
+        tmp_path,
+        "maniskill_pickcube_ppo_mlp",
+        ["actor.model.hidden_dims=[32,32]"],
+        "ManiSkill PickCube-v1 (state)",
+    )
+
+
+@needs_maniskill
+def test_maniskill_pickcube_rgb_two_steps(collocated: list[WorkerGroup], tmp_path: Path) -> None:
+    two_sim_steps(
+        collocated,
+        tmp_path,
+        "maniskill_pickcube_ppo_cnn",
+        [
+            "actor.model.cnn_channels=[8,8,8]",
+            "actor.model.cnn_feature_dim=32",
+            "actor.model.hidden_dims=[32]",
+        ],
+        "ManiSkill PickCube-v1 (rgb)",
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("robosuite") is None, reason="robosuite not installed")
+def test_robosuite_lift_two_steps(collocated: list[WorkerGroup], tmp_path: Path) -> None:
+    two_sim_steps(
+        collocated,
+        tmp_path,
+        "robosuite_lift_ppo_mlp",
+        ["actor.model.hidden_dims=[32,32]"],
+        "robosuite Lift (state)",
+    )
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+class ExplodingCartPole(GymVectorEnv):
+    """CartPole whose third chunk step raises (workers import this file as a plugin)."""
+
+    def chunk_step(self, actions: torch.Tensor) -> Any:
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls == 3:
+            raise RuntimeError("boom: the simulator crashed")
+        return super().chunk_step(actions)
+
+
+if "exploding_cartpole" not in available_envs():
+    register_env("exploding_cartpole")(ExplodingCartPole)
+
+
+def test_a_failing_env_rank_surfaces_fast_and_names_itself(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    actor, rollout, env = hybrid
+    cfg = make_config(
+        tmp_path,
+        "exploding",
+        [
+            *SMALL,
+            "env.train.env_type=exploding_cartpole",
+            "runner.max_epochs=2",
+            f"runner.plugin_modules=[{Path(__file__).resolve()}]",
+        ],
+        placement=HYBRID,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"(?s)hybrid-env\[rank 0\] raised.*boom"):
+            runner.run()
+        # The rollout and actor ranks blocked on the channels were woken, not left
+        # waiting for runner.channel_timeout_s (600 s).
+        assert time.monotonic() - start < 60
+    # The groups stay usable: the next runner trains normally.
+    ok = make_config(tmp_path, "after", [*SMALL, "runner.max_epochs=1"], placement=HYBRID)
+    with EmbodiedRunner(ok, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert math.isfinite(runner.run()["train/actor/policy_loss"])
+
+
+# ----------------------------------------------------------------------------- slow acceptance
+
+
+def run_example(
+    hybrid: list[WorkerGroup], tmp_path: Path, config: str
+) -> tuple[dict[int, float], dict[int, float]]:
+    actor, rollout, env = hybrid
+    cfg = make_config(tmp_path, config, config=config)
+    assert cfg.cluster.component_placement == HYBRID
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.run()
+        tb_dir = runner.tensorboard_dir
+    return scalars(tb_dir, "eval/return"), scalars(tb_dir, "rollout/env_steps")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_cartpole_ppo_example_reaches_475(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    returns, env_steps = run_example(hybrid, tmp_path, "cartpole_ppo_mlp")
+    last = max(returns)
+    assert env_steps[last] <= 300_000
+    assert returns[last] >= 475, returns
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_cartpole_grpo_example_reaches_400(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    returns, env_steps = run_example(hybrid, tmp_path, "cartpole_grpo_mlp")
+    last = max(returns)
+    assert env_steps[last] <= 300_000
+    assert returns[last] >= 400, returns
