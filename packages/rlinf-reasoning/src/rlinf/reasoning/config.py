@@ -1,0 +1,433 @@
+"""``ReasoningConfig``: the validated config tree of a reasoning (GRPO) run.
+
+Sections (``examples/reasoning/config/*.yaml`` show all of them)::
+
+    cluster:    num_nodes, cpu_slots_per_node, component_placement (actor, rollout, reward),
+                node_groups, torch_threads
+    runner:     max_epochs / max_steps, val_check_interval, val_before_train, save_interval,
+                resume_dir, seed, logger, timeouts
+    data:       train_files, val_files, prompt/answer keys, max_prompt_length, ... (DataConfig)
+    algorithm:  adv_type, group_size (G), rollout_batch_size (N prompts per step),
+                n_minibatches, update_epochs, loss options, kl_beta / kl_penalty,
+                entropy_bonus, sampling_params, val_sampling_params
+    rollout:    engine, model_path, dtype, groups_per_chunk, enable_offload
+    actor:      model_path, tokenizer_path, dtype, micro_batch_size, recompute_logprobs,
+                optim (lr, schedule, clip_grad), sync_bucket_mb, enable_offload, dist_backend
+    reward:     reward_type, reward_scale, timeout_s, num_workers (RewardConfig)
+
+Every cross-field rule raises an error that starts with the dotted key it is
+about, shows the values and says how to fix it. Model paths are *not* checked
+here (a config must validate on a machine without the weights, e.g. in CI);
+loading fails with an error naming the path. Rules that need the world sizes
+of the placed groups are checked by :meth:`ReasoningConfig.check_world_sizes`
+once the placement is known (the runner calls it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rlinf.core.config import RLinfModel, RunnerConfig
+from rlinf.reasoning.data.config import DataConfig
+from rlinf.reasoning.reward.config import RewardConfig
+
+__all__ = [
+    "COMPONENTS",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "OptimConfig",
+    "ReasoningClusterConfig",
+    "ReasoningConfig",
+    "ReasoningRunnerConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+]
+
+COMPONENTS = ("actor", "rollout", "reward")
+"""Components a reasoning run places."""
+
+KLKind = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]
+
+
+class ReasoningClusterConfig(RLinfModel):
+    """Where the groups run (``cluster``).
+
+    ``component_placement`` maps ``actor``, ``rollout`` and ``reward`` (alone or
+    comma-joined) to resource ranks: GPUs, or CPU slots when
+    ``cpu_slots_per_node`` > 0 on a CPU machine. Actor and rollout on the same
+    ranks is *collocated* (they take turns, with offload/onload and device
+    locks); on disjoint ranks it is *disaggregated* (the stages overlap).
+    """
+
+    num_nodes: int = Field(1, ge=1, description="Nodes the run needs.")
+    component_placement: dict[str, Any] = Field(
+        ..., description="Component names -> resource ranks (the placement grammar)."
+    )
+    cpu_slots_per_node: int = Field(
+        0, ge=0, description="CPU machines: resource ranks per node (0: one per node)."
+    )
+    node_groups: list[dict[str, Any]] | None = Field(
+        None, description="Labelled node sets with per-node environments (optional)."
+    )
+    torch_threads: int = Field(
+        1, ge=0, description="torch CPU threads per worker process (0: torch's default)."
+    )
+
+    @field_validator("component_placement")
+    @classmethod
+    def _check_placement(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from rlinf.sched.placement.grammar import parse_component_placement
+
+        specs = parse_component_placement(value)
+        names = [n for spec in specs for n in spec.names]
+        unknown = sorted(set(names) - set(COMPONENTS))
+        missing = [c for c in COMPONENTS if c not in names]
+        if unknown:
+            raise ValueError(
+                f"names unknown components {unknown}; a reasoning run places "
+                f"{', '.join(COMPONENTS)} (e.g. 'actor,rollout,reward: all' collocated, "
+                "or actor: 0, rollout: 1, reward: 1 disaggregated)"
+            )
+        if missing:
+            raise ValueError(
+                f"does not place {missing}; add them, e.g. 'actor,rollout,reward: all' "
+                "(collocated) or actor: 0, rollout: 1, reward: 1 (disaggregated)"
+            )
+        return value
+
+
+class ReasoningRunnerConfig(RunnerConfig):
+    """The training loop (``runner``).
+
+    A run takes ``max_epochs * (len(train) // algorithm.rollout_batch_size)``
+    steps, capped by ``max_steps`` when that is set.
+    """
+
+    val_before_train: bool = Field(
+        True,
+        description="Evaluate the starting weights once before the first update "
+        "(needs data.val_files).",
+    )
+    val_max_prompts: int | None = Field(
+        None, ge=1, description="Evaluate on at most this many held-out prompts (null: all)."
+    )
+    step_timeout_s: float = Field(
+        1800.0, gt=0, description="Longest wait for one phase of a step (rollout, training...)."
+    )
+    channel_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for one item on a channel between stages."
+    )
+
+
+class SamplingConfig(RLinfModel):
+    """Sampling parameters of the rollout (``algorithm.sampling_params``)."""
+
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass; 1 disables it.")
+    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 or 0: off.")
+    max_new_tokens: int = Field(256, ge=1, description="Generated tokens per response, at most.")
+
+    def to_params(self, seed: int | None = None, stop_token_ids: tuple[int, ...] = ()) -> Any:
+        """The engine's :class:`~rlinf.reasoning.engines.SamplingParams`.
+
+        Args:
+            seed: Sampler seed (None: the global torch RNG).
+            stop_token_ids: Extra ids that end a response (besides the model's EOS).
+
+        Returns:
+            The sampling parameters.
+        """
+        from rlinf.reasoning.engines.base import SamplingParams
+
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+        )
+
+
+class AlgorithmConfig(RLinfModel):
+    """The GRPO step and its loss (``algorithm``)."""
+
+    adv_type: Literal["grpo", "reinforce_plus_plus", "reinpp"] = Field(
+        "grpo", description="Advantage estimator: grpo or reinforce_plus_plus (alias reinpp)."
+    )
+    group_size: int = Field(8, ge=1, description="G: responses sampled per prompt.")
+    rollout_batch_size: int = Field(8, ge=1, description="N: prompts per step.")
+    n_minibatches: int = Field(
+        1, ge=1, description="Optimizer steps per pass over a step's N*G responses."
+    )
+    update_epochs: int = Field(1, ge=1, description="Passes over each step's responses.")
+    norm_by_std: bool = Field(True, description="grpo: divide by the group's reward std.")
+    normalize_advantages: bool = Field(
+        False,
+        description="Whiten advantages over all valid tokens of the step (waits for the "
+        "whole batch, so training no longer overlaps rollout).",
+    )
+    use_reinpp_baseline: bool = Field(
+        False, description="reinforce_plus_plus: subtract the group mean reward first."
+    )
+    reinpp_kl_beta: float = Field(
+        0.0, ge=0, description="reinforce_plus_plus: KL penalty folded into the token rewards."
+    )
+    loss_type: str = Field("ppo", description="Policy loss from the registry (ppo/actor).")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean", description="How per-token losses reduce to a scalar."
+    )
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="PPO clip below 1 (epsilon_low).")
+    clip_ratio_high: float | None = Field(
+        None, gt=0, description="PPO clip above 1 (epsilon_high); null: clip_ratio_low."
+    )
+    clip_ratio_c: float | None = Field(
+        None, gt=1, description="Dual-clip constant c > 1; null disables dual clip."
+    )
+    kl_beta: float = Field(
+        0.0, ge=0, description="Weight of the KL loss to the initial (reference) weights."
+    )
+    kl_penalty: KLKind = Field(
+        "k3", description="KL estimator: k1 (kl), k2 (mse), k3 (low_var_kl) or abs."
+    )
+    entropy_bonus: float = Field(0.0, ge=0, description="Entropy coefficient (subtracted).")
+    sampling_params: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
+    val_sampling_params: SamplingConfig | None = Field(
+        None,
+        description="Eval sampling; null: greedy (top_k=1) with sampling_params' "
+        "max_new_tokens and temperature.",
+    )
+
+    @field_validator("loss_type")
+    @classmethod
+    def _check_loss(cls, value: str) -> str:
+        from rlinf.core.algorithms import available_policy_losses
+
+        known = available_policy_losses()
+        if value not in known:
+            raise ValueError(f"unknown policy loss {value!r}; registered: {sorted(known)}")
+        return value
+
+    @property
+    def eval_sampling(self) -> SamplingConfig:
+        """The sampling of evaluation (greedy unless ``val_sampling_params`` is set)."""
+        if self.val_sampling_params is not None:
+            return self.val_sampling_params
+        return self.sampling_params.model_copy(update={"top_k": 1, "top_p": 1.0})
+
+    @property
+    def is_reinpp(self) -> bool:
+        """Whether the estimator is REINFORCE++."""
+        return self.adv_type in ("reinforce_plus_plus", "reinpp")
+
+
+class RolloutConfig(RLinfModel):
+    """The generation workers (``rollout``)."""
+
+    engine: str = Field("hf", description="Rollout engine backend (hf; sglang/vllm: GPU extras).")
+    model_path: Path | None = Field(
+        None, description="Model directory of the engine; null: actor.model_path."
+    )
+    dtype: str = Field("float32", description="Engine weights' dtype (float32, bfloat16...).")
+    max_batch_size: int | None = Field(
+        None, ge=1, description="Sequences decoded at once (null: no limit)."
+    )
+    groups_per_chunk: int = Field(
+        4,
+        ge=1,
+        description="Prompts generated together; their groups stream out when the chunk is "
+        "done (smaller: earlier streaming, larger: bigger decode batches).",
+    )
+    enable_offload: bool | None = Field(
+        None, description="Offload the engine after generating; null: when collocated."
+    )
+    validate_weight_first_sync: bool = Field(
+        True, description="After the first weight sync, check engine weights == actor weights."
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        # The registry module is light; the engines themselves load lazily.
+        from rlinf.reasoning.engines.registry import available_engines
+
+        if value not in available_engines():
+            raise ValueError(f"unknown rollout engine {value!r}; available: {available_engines()}")
+        return value
+
+
+class OptimConfig(RLinfModel):
+    """AdamW and its schedule (``actor.optim``)."""
+
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    clip_grad: float | None = Field(
+        1.0, gt=0, description="Gradient norm clip; null disables clipping."
+    )
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Schedule after warm-up, over the run's optimizer steps."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up in optimizer steps.")
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final lr / peak lr for the linear and cosine schedules."
+    )
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _check_betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"both betas must be in [0, 1), got {value}")
+        return value
+
+
+class ActorConfig(RLinfModel):
+    """The FSDP training workers (``actor``)."""
+
+    model_path: Path = Field(..., description="Local Hugging Face model directory (weights).")
+    tokenizer_path: Path | None = Field(
+        None, description="Tokenizer directory; null: actor.model_path."
+    )
+    dtype: str = Field("float32", description="Parameter dtype (float32 keeps exact logprobs).")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Responses per forward/backward per actor rank."
+    )
+    logprob_micro_batch_size: int | None = Field(
+        None, ge=1, description="Responses per no-grad logprob forward; null: micro_batch_size."
+    )
+    recompute_logprobs: bool = Field(
+        True,
+        description="Recompute the old logprobs with the step's starting weights (else use "
+        "the rollout engine's, which match to float rounding).",
+    )
+    optim: OptimConfig = Field(default_factory=OptimConfig)  # type: ignore[arg-type]
+    sync_bucket_mb: float = Field(
+        128.0, gt=0, description="Weight sync bucket size in MiB (one broadcast per bucket)."
+    )
+    enable_offload: bool | None = Field(
+        None, description="Offload weights and optimizer between phases; null: when collocated."
+    )
+    reshard_after_forward: bool = Field(
+        True, description="FSDP2: free gathered parameters after each layer's forward."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward (saves memory)."
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend: auto picks nccl with CUDA, else gloo."
+    )
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the tokenizer is read from."""
+        return self.tokenizer_path or self.model_path
+
+
+class ReasoningConfig(RLinfModel):
+    """Top-level schema of a reasoning run (the ``reasoning`` config schema)."""
+
+    cluster: ReasoningClusterConfig
+    runner: ReasoningRunnerConfig = Field(default_factory=ReasoningRunnerConfig)  # type: ignore[arg-type]
+    data: DataConfig
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)  # type: ignore[arg-type]
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
+    actor: ActorConfig
+    reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningConfig:
+        alg, data, runner, actor = self.algorithm, self.data, self.runner, self.actor
+        g, n = alg.group_size, alg.rollout_batch_size
+        if alg.adv_type == "grpo" and g < 2:
+            raise ValueError(
+                f"algorithm.group_size={g} is too small for GRPO: the group baseline needs "
+                ">= 2 responses per prompt; set algorithm.group_size: 8"
+            )
+        if alg.is_reinpp and alg.use_reinpp_baseline and g < 2:
+            raise ValueError(
+                f"algorithm.group_size={g} is too small for use_reinpp_baseline (a group mean "
+                "needs >= 2 responses); raise it or set use_reinpp_baseline: false"
+            )
+        if n % alg.n_minibatches:
+            raise ValueError(
+                f"algorithm.rollout_batch_size={n} is not divisible by "
+                f"algorithm.n_minibatches={alg.n_minibatches}: every minibatch holds whole "
+                "prompt groups; pick n_minibatches among the divisors of rollout_batch_size"
+            )
+        per_minibatch = n * g // alg.n_minibatches
+        if per_minibatch % actor.micro_batch_size:
+            raise ValueError(
+                f"actor.micro_batch_size={actor.micro_batch_size} does not divide the "
+                f"{per_minibatch} responses of a minibatch (rollout_batch_size {n} * "
+                f"group_size {g} / n_minibatches {alg.n_minibatches}); pick a divisor"
+            )
+        if not data.train_files:
+            raise ValueError("data.train_files is empty; list the training .jsonl/.json files")
+        if (runner.val_check_interval > 0 or runner.val_before_train) and not data.val_files:
+            raise ValueError(
+                "data.val_files is empty but evaluation is on (runner.val_check_interval="
+                f"{runner.val_check_interval}, runner.val_before_train="
+                f"{runner.val_before_train}); list the held-out files, or set "
+                "runner.val_check_interval: -1 and runner.val_before_train: false"
+            )
+        if alg.kl_beta > 0 and alg.is_reinpp:
+            raise ValueError(
+                "algorithm.kl_beta > 0 adds a KL loss term; reinforce_plus_plus folds its KL "
+                "into the rewards instead: use algorithm.reinpp_kl_beta and set kl_beta: 0"
+            )
+        return self
+
+    # ----------------------------------------------------------------- derived values
+
+    @property
+    def rollout_model_path(self) -> Path:
+        """The engine's model directory (``rollout.model_path`` or ``actor.model_path``)."""
+        return self.rollout.model_path or self.actor.model_path
+
+    @property
+    def needs_ref_model(self) -> bool:
+        """Whether the actor keeps a frozen copy of the initial weights (KL terms)."""
+        return self.algorithm.kl_beta > 0 or (
+            self.algorithm.is_reinpp and self.algorithm.reinpp_kl_beta > 0
+        )
+
+    def check_world_sizes(self, *, actor: int, rollout: int, reward: int) -> None:
+        """Checks the rules that need the placed groups' world sizes.
+
+        Every rank of a stage takes an equal share of the step's prompt groups,
+        and every actor rank an equal share of every minibatch.
+
+        Args:
+            actor: Actor ranks.
+            rollout: Rollout ranks.
+            reward: Reward ranks.
+
+        Raises:
+            ValueError: Naming the key to change, with the numbers and the fix.
+        """
+        alg = self.algorithm
+        n = alg.rollout_batch_size
+        for name, world in (("rollout", rollout), ("reward", reward)):
+            if n % world:
+                raise ValueError(
+                    f"algorithm.rollout_batch_size={n} is not divisible by the {world} {name} "
+                    f"ranks (cluster.component_placement): each {name} rank takes an equal "
+                    f"share of the prompt groups; use a multiple of {world}"
+                )
+        if n % (alg.n_minibatches * actor):
+            raise ValueError(
+                f"algorithm.rollout_batch_size={n} is not divisible by algorithm.n_minibatches "
+                f"({alg.n_minibatches}) * actor ranks ({actor}) = {alg.n_minibatches * actor}: "
+                "every actor rank takes whole prompt groups of every minibatch; use a multiple"
+            )
+        per_rank = n * alg.group_size // (alg.n_minibatches * actor)
+        if per_rank % self.actor.micro_batch_size:
+            raise ValueError(
+                f"actor.micro_batch_size={self.actor.micro_batch_size} does not divide the "
+                f"{per_rank} responses each of the {actor} actor ranks gets per minibatch; "
+                "pick a divisor"
+            )

@@ -1,0 +1,656 @@
+"""``ReasoningRunner``: the GRPO loop over rollout, reward and actor groups.
+
+One step (``N = algorithm.rollout_batch_size`` prompts, ``G = group_size``):
+
+1. take the next ``N`` prompts from the resumable sampler;
+2. push the actor's weights to the rollout (version = the step), in buckets;
+3. put one :class:`~rlinf.core.protocols.reasoning.RolloutRequest` per prompt on
+   the request channel and start the three stages at once: rollout (requests ->
+   generated groups), reward (groups -> rewarded groups) and actor training
+   (rewarded groups -> updates). The prompt group is the unit on every channel,
+   so each stage works on a group as soon as it arrives: in *disaggregated*
+   placement the stages overlap; in *collocated* placement rollout and actor
+   take turns on the devices (device lock; offload/onload on GPUs);
+4. log ``rollout/*``, ``actor/*``, ``time/*`` (and ``eval/*``) metrics, evaluate
+   every ``runner.val_check_interval`` steps, checkpoint every
+   ``runner.save_interval`` steps.
+
+Every sample of a step comes from the weights synced at its start (checked:
+the actor reports the versions it trained on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlinf.core.channel import Channel
+from rlinf.core.logging import get_logger
+from rlinf.core.metrics import MetricLogger
+from rlinf.core.progress import progress_bar, rate_postfix
+from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+from rlinf.reasoning.config import ReasoningConfig
+from rlinf.reasoning.data import MathDataset, ResumableSampler
+from rlinf.reasoning.workers.common import load_tokenizer
+from rlinf.sched import Cluster, GroupFuture, WorkerGroup
+from rlinf.sched.placement import ModelParallelComponentPlacement
+
+__all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
+
+_log = get_logger("rlinf.reasoning.runner")
+
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_COMPLETE = "COMPLETE"
+
+
+def launch_reasoning_groups(
+    cfg: ReasoningConfig,
+    cluster: Cluster,
+    name_prefix: str = "",
+    timeout: float = 600.0,
+) -> tuple[ModelParallelComponentPlacement, WorkerGroup, WorkerGroup, WorkerGroup]:
+    """Places and launches the rollout, reward and actor groups of ``cfg`` (concurrently).
+
+    Args:
+        cfg: The validated config.
+        cluster: The cluster.
+        name_prefix: Prefix of the group names (several runs on one cluster).
+        timeout: Seconds to wait for every worker process to start (imports of
+            torch and transformers take a while on a loaded machine).
+
+    Returns:
+        ``(placement, actor, rollout, reward)``.
+
+    Raises:
+        ValueError: If the placement does not fit the cluster or the world sizes do
+            not divide the batch (the message names the key).
+    """
+    from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
+
+    placement = ModelParallelComponentPlacement(cfg.cluster.component_placement, cluster.info)
+    cfg.check_world_sizes(
+        actor=placement.actor_world_size,
+        rollout=placement.rollout_world_size,
+        reward=placement.reward_world_size,
+    )
+    collocated = placement.is_collocated
+    unlaunched = {
+        "rollout": RolloutWorker.create_group(cfg, collocated),
+        "reward": RewardWorker.create_group(cfg),
+        "actor": FSDPActor.create_group(cfg, collocated),
+    }
+    names = {"rollout": "RolloutGroup", "reward": "RewardGroup", "actor": "ActorGroup"}
+    # Start the three groups at once: worker start-up (imports) dominates on small runs.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {
+            key: pool.submit(
+                group.launch,
+                cluster,
+                placement.get_strategy(key),
+                name=f"{name_prefix}{names[key]}",
+                timeout=timeout,
+            )
+            for key, group in unlaunched.items()
+        }
+        errors = [f.exception() for f in futures.values() if f.exception() is not None]
+    if errors:
+        for key, future in futures.items():
+            if future.exception() is None:
+                unlaunched[key].shutdown()
+        raise errors[0]  # type: ignore[misc]
+    return placement, unlaunched["actor"], unlaunched["rollout"], unlaunched["reward"]
+
+
+def find_latest_checkpoint(checkpoint_root: Path) -> Path | None:
+    """The complete ``global_step_N`` directory with the largest N, or None.
+
+    Args:
+        checkpoint_root: ``log_path/experiment_name/checkpoints``.
+
+    Returns:
+        The directory, or None when there is no complete checkpoint.
+    """
+    if not checkpoint_root.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for child in checkpoint_root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / _COMPLETE).is_file():
+            step = int(match.group(1))
+            if best is None or step > best[0]:
+                best = (step, child)
+    return None if best is None else best[1]
+
+
+def _wait_all(
+    futures: dict[str, GroupFuture], timeout: float, on_error: Any = None
+) -> dict[str, list[Any]]:
+    """Waits for every future; the first failure (of any) is raised at once."""
+    deadline = time.monotonic() + timeout
+    results: dict[str, list[Any]] = {}
+    pending = dict(futures)
+    while pending:
+        for name, fut in list(pending.items()):
+            if fut.done():
+                try:
+                    results[name] = fut.wait(timeout=0)
+                except BaseException:
+                    if on_error is not None:
+                        on_error()
+                    raise
+                del pending[name]
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            if on_error is not None:
+                on_error()
+            raise TimeoutError(
+                f"{sorted(pending)} still running after {timeout:.0f} s "
+                "(runner.step_timeout_s); is a stage stuck?"
+            )
+        time.sleep(0.005)
+    return results
+
+
+class ReasoningRunner:
+    """Drives GRPO training of launched actor, rollout and reward groups.
+
+    Args:
+        cfg: The validated config.
+        actor: The :class:`~rlinf.reasoning.workers.FSDPActor` group.
+        rollout: The :class:`~rlinf.reasoning.workers.RolloutWorker` group.
+        reward: The :class:`~rlinf.reasoning.workers.RewardWorker` group.
+        collocated: Whether actor and rollout share devices (from the placement).
+
+    Example::
+
+        placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
+        runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
+        runner.init_workers()
+        runner.run()
+        runner.shutdown()
+    """
+
+    def __init__(
+        self,
+        cfg: ReasoningConfig,
+        actor: WorkerGroup,
+        rollout: WorkerGroup,
+        reward: WorkerGroup,
+        *,
+        collocated: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.actor, self.rollout, self.reward = actor, rollout, reward
+        self.collocated = collocated
+        self.global_step = 0
+        self.synced_version: int | None = None
+        self.data_history: list[list[int]] = []
+        """Dataset indices of the prompts of each step run by this runner (in order)."""
+        self.metrics_history: list[dict[str, float]] = []
+        """Metrics logged at each step by this runner."""
+        self.sync_history: list[dict[str, Any]] = []
+        """What each weight sync reported (actor side and rollout side)."""
+        self.experiment_dir = cfg.runner.logger.experiment_dir
+        self.checkpoint_root = self.experiment_dir / "checkpoints"
+        self._channels: list[Channel] = []
+        self._logger: MetricLogger | None = None
+        self._initialized = False
+
+    # ------------------------------------------------------------------ setup
+    def init_workers(self) -> None:
+        """Builds the datasets, starts every worker, creates the channels, resumes.
+
+        Raises:
+            FileNotFoundError: A model, tokenizer or data path does not exist.
+            ValueError: A bad tokenizer, data or batch-size combination.
+            rlinf.sched.WorkerError: A worker failed to start (names group and rank).
+        """
+        cfg = self.cfg
+        _check_model_dir(cfg.actor.model_path, "actor.model_path")
+        if cfg.rollout.model_path is not None:
+            _check_model_dir(cfg.rollout.model_path, "rollout.model_path")
+        tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
+        self.tokenizer = tokenizer
+        self.train_set = MathDataset.from_config(cfg.data, tokenizer, "train")
+        n = cfg.algorithm.rollout_batch_size
+        if len(self.train_set) < n:
+            raise ValueError(
+                f"algorithm.rollout_batch_size={n} is larger than the {len(self.train_set)} "
+                "training prompts; lower it or add data"
+            )
+        self.val_set: MathDataset | None = None
+        if cfg.data.val_files and (
+            cfg.runner.val_check_interval > 0 or cfg.runner.val_before_train
+        ):
+            self.val_set = MathDataset.from_config(cfg.data, tokenizer, "val")
+        self.sampler = ResumableSampler(
+            len(self.train_set), shuffle=cfg.data.shuffle, seed=cfg.data.seed
+        )
+        self._order = iter(self.sampler)
+        steps_per_epoch = len(self.train_set) // n
+        total = cfg.runner.max_epochs * steps_per_epoch
+        if cfg.runner.max_steps > 0:
+            total = min(total, cfg.runner.max_steps)
+        self.total_steps = total
+        cfg.check_world_sizes(
+            actor=self.actor.world_size,
+            rollout=self.rollout.world_size,
+            reward=self.reward.world_size,
+        )
+        timeout = cfg.runner.step_timeout_s
+        futures = {
+            "rollout": self.rollout.init_worker(),
+            "reward": self.reward.init_worker(),
+            "actor": self.actor.init_worker(total),
+        }
+        info = _wait_all(futures, timeout)
+        _log.info(
+            "workers ready: actor %s, rollout %s, reward %s (%s placement), %d steps",
+            info["actor"][0],
+            info["rollout"][0],
+            info["reward"][0],
+            "collocated" if self.collocated else "disaggregated",
+            total,
+        )
+        tag = f"rlinf-reasoning-{uuid.uuid4().hex[:10]}"
+        self.requests = self._channel(f"{tag}.requests")
+        self.generated = self._channel(f"{tag}.rollout")
+        self.rewarded = self._channel(f"{tag}.reward")
+        self._resume()
+        self._initialized = True
+
+    def _channel(self, name: str) -> Channel:
+        channel = Channel.create(
+            name, max_items=max(4096, 4 * self.cfg.algorithm.rollout_batch_size)
+        )
+        self._channels.append(channel)
+        return channel
+
+    def _resume(self) -> None:
+        resume = self.cfg.runner.resume_dir
+        if resume is None:
+            return
+        if resume == "auto":
+            path = find_latest_checkpoint(self.checkpoint_root)
+            if path is None:
+                _log.info(
+                    "runner.resume_dir=auto: no checkpoint in %s; starting fresh",
+                    self.checkpoint_root,
+                )
+                return
+        else:
+            path = Path(resume).expanduser()
+            if not (path / _COMPLETE).is_file():
+                raise FileNotFoundError(
+                    f"runner.resume_dir={str(resume)!r} is not a complete checkpoint directory "
+                    f"(no {_COMPLETE} marker); pass a global_step_N directory under "
+                    f"{self.checkpoint_root}, 'auto', or null"
+                )
+        self.load_checkpoint(path)
+
+    # ------------------------------------------------------------------ data
+    def _next_indices(self) -> list[int]:
+        out: list[int] = []
+        while len(out) < self.cfg.algorithm.rollout_batch_size:
+            try:
+                out.append(next(self._order))
+            except StopIteration:
+                self._order = iter(self.sampler)
+        return out
+
+    def _requests(
+        self, dataset: MathDataset, indices: Sequence[int], group_size: int, step: int
+    ) -> list[RolloutRequest]:
+        reqs = []
+        for i in indices:
+            item = dataset[i]
+            reqs.append(
+                RolloutRequest(
+                    prompt_ids=item.prompt_ids,
+                    answers=item.answers,
+                    group_size=group_size,
+                    index=item.index,
+                    step=step,
+                )
+            )
+        return reqs
+
+    # ------------------------------------------------------------------ sync
+    def sync_weights(self, version: int) -> dict[str, Any]:
+        """Pushes the actor's weights to every rollout rank as ``version`` (bucketed).
+
+        Args:
+            version: The weight version (the global step they start).
+
+        Returns:
+            The actor rank 0 report merged with the rollout rank 0 report.
+        """
+        timeout = self.cfg.runner.step_timeout_s
+        t0 = time.perf_counter()
+        futures = {
+            "actor": self.actor.sync_model_to_rollout(
+                self.rollout.name, self.rollout.world_size, version
+            ),
+            "rollout": self.rollout.sync_model_from_actor(self.actor.name),
+        }
+        got = _wait_all(futures, timeout)
+        report = {
+            "actor": got["actor"][0],
+            "rollout": got["rollout"],
+            "seconds": time.perf_counter() - t0,
+        }
+        self.sync_history.append(report)
+        self.synced_version = version
+        return report
+
+    # ------------------------------------------------------------------ step
+    def _close_channels(self) -> None:
+        for channel in self._channels:
+            with contextlib.suppress(Exception):
+                channel.close()
+
+    def train_step(self) -> dict[str, float]:
+        """Runs one GRPO step (sync, rollout, reward, training) and returns its metrics.
+
+        Returns:
+            ``rollout/*``, ``actor/*``, ``time/*`` and ``train/*`` metrics.
+
+        Raises:
+            RuntimeError: If a group was generated with another weight version.
+            rlinf.sched.WorkerError: A stage failed (the others are stopped).
+        """
+        if not self._initialized:
+            raise RuntimeError("call init_workers() before train_step()")
+        cfg, step = self.cfg, self.global_step
+        start = time.perf_counter()
+        indices = self._next_indices()
+        requests = self._requests(self.train_set, indices, cfg.algorithm.group_size, step)
+        t_sync = 0.0
+        if self.synced_version != step:
+            t_sync = self.sync_weights(step)["seconds"]
+        for request in requests:
+            self.requests.put(request, timeout=cfg.runner.channel_timeout_s)
+        t_stages = time.perf_counter()
+        futures = {
+            "rollout": self.rollout.generate(self.requests, self.generated, step),
+            "reward": self.reward.compute_rewards(self.generated, self.rewarded),
+            "actor": self.actor.run_training(self.rewarded, step),
+        }
+        out = _wait_all(futures, cfg.runner.step_timeout_s, on_error=self._close_channels)
+        t_end = time.perf_counter()
+        self.data_history.append(indices)
+
+        versions = sorted({v for r in out["actor"] for v in r["versions"]})
+        if versions != [step]:
+            raise RuntimeError(
+                f"step {step} trained on groups of weight versions {versions}; every group of a "
+                "step must come from the weights synced at its start"
+            )
+        trained = sorted(i for r in out["actor"] for i in r["indices"])
+        if trained != sorted(indices):
+            raise RuntimeError(
+                f"step {step}: the actor trained on prompts {trained}, not {sorted(indices)}"
+            )
+
+        metrics: dict[str, float] = {}
+        metrics.update(_rollout_metrics([r["rollout"] for r in out["actor"]]))
+        train = [r["train"] for r in out["actor"]]
+        for key in train[0]:
+            metrics[key] = float(np.mean([t[key] for t in train]))
+        t_rollout = max(r["busy_s"] for r in out["rollout"])
+        t_reward = max(r["busy_s"] for r in out["reward"])
+        t_train = max(r["time"]["train"] for r in out["actor"])
+        t_recompute = max(r["time"]["recompute"] for r in out["actor"])
+        t_step = t_end - start
+        tokens = sum(r["tokens"] for r in out["rollout"])
+        stage_sum = t_sync + t_rollout + t_reward + t_train + t_recompute
+        metrics.update(
+            {
+                "time/step": t_step,
+                "time/sync_weights": t_sync,
+                "time/stages": t_end - t_stages,
+                "time/rollout": t_rollout,
+                "time/reward": t_reward,
+                "time/actor/training": t_train,
+                "time/actor/inference": t_recompute,
+                "time/stage_sum": stage_sum,
+                "train/overlap_ratio": stage_sum / t_step if t_step > 0 else float("nan"),
+                "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
+                "train/weight_version": float(step),
+                "rollout/generated_tokens": float(tokens),
+            }
+        )
+        self.global_step = step + 1
+        return metrics
+
+    # ------------------------------------------------------------------ eval
+    def evaluate(self) -> dict[str, float]:
+        """Generates for the held-out prompts with the current weights and scores them.
+
+        Syncs the weights first when the rollout does not hold the current ones.
+
+        Returns:
+            ``eval/accuracy`` (fraction correct), ``eval/reward``,
+            ``eval/response_length``, ``eval/fraction_of_samples_properly_ended``,
+            ``eval/num_samples`` and ``time/eval``.
+
+        Raises:
+            RuntimeError: If the run has no held-out data.
+        """
+        if self.val_set is None:
+            raise RuntimeError("no held-out data: set data.val_files to evaluate")
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if self.synced_version != self.global_step:
+            self.sync_weights(self.global_step)
+        count = len(self.val_set)
+        if cfg.runner.val_max_prompts is not None:
+            count = min(count, cfg.runner.val_max_prompts)
+        requests = self._requests(self.val_set, range(count), 1, self.global_step)
+        sampling = cfg.algorithm.eval_sampling
+        timeout = cfg.runner.step_timeout_s
+        world = self.rollout.world_size
+        shares = [requests[r::world] for r in range(world)]
+        futs = [self.rollout.execute_on(r).generate_eval(shares[r], sampling) for r in range(world)]
+        generated: list[RolloutResult] = [g for f in futs for g in f.wait(timeout)[0]]
+        rworld = self.reward.world_size
+        parts = [generated[r::rworld] for r in range(rworld)]
+        scored = [self.reward.execute_on(r).evaluate(parts[r]) for r in range(rworld)]
+        flags: list[bool] = []
+        rewards: list[float] = []
+        for fut in scored:
+            for group_rewards, group_flags in fut.wait(timeout)[0]:
+                flags += group_flags
+                rewards += group_rewards
+        lengths = [n for g in generated for n in g.response_lengths]
+        ended = [e for g in generated for e in g.is_end]
+        return {
+            "eval/accuracy": float(np.mean(flags)) if flags else 0.0,
+            "eval/reward": float(np.mean(rewards)) if rewards else 0.0,
+            "eval/response_length": float(np.mean(lengths)) if lengths else 0.0,
+            "eval/fraction_of_samples_properly_ended": float(np.mean(ended)) if ended else 0.0,
+            "eval/num_samples": float(len(flags)),
+            "time/eval": time.perf_counter() - t0,
+        }
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict[str, float]:
+        """Trains until the last step, with eval, checkpoints, metrics and a progress bar.
+
+        Returns:
+            The metrics of the last logged step (empty if nothing ran).
+        """
+        if not self._initialized:
+            self.init_workers()
+        cfg = self.cfg
+        logger = self._metric_logger()
+        last: dict[str, float] = {}
+        interval = cfg.runner.val_check_interval
+        if self.val_set is not None and cfg.runner.val_before_train and self.global_step == 0:
+            last = self.evaluate()
+            logger.log(last, step=0)
+            self.metrics_history.append(dict(last, step=0.0))
+        with progress_bar(
+            total=self.total_steps, desc="GRPO", unit="step", initial=self.global_step
+        ) as bar:
+            while self.global_step < self.total_steps:
+                metrics = self.train_step()
+                step = self.global_step
+                final = step == self.total_steps
+                if self.val_set is not None and interval > 0 and (step % interval == 0 or final):
+                    metrics.update(self.evaluate())
+                save = cfg.runner.save_interval
+                if save > 0 and (step % save == 0 or final):
+                    t0 = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["time/save"] = time.perf_counter() - t0
+                logger.log(metrics, step=step)
+                self.metrics_history.append(dict(metrics, step=float(step)))
+                last = metrics
+                postfix: dict[str, float | str] = {
+                    "reward": metrics.get("rollout/reward_scores", math.nan),
+                    "tok": rate_postfix(
+                        metrics["rollout/generated_tokens"], metrics["time/step"], "tok"
+                    ),
+                }
+                if "eval/accuracy" in metrics:
+                    postfix["acc"] = metrics["eval/accuracy"]
+                bar.update(1, **postfix)
+        logger.flush()
+        return last
+
+    def _metric_logger(self) -> MetricLogger:
+        if self._logger is None:
+            self._logger = MetricLogger.from_config(
+                self.cfg.runner.logger, run_config=self.cfg.model_dump(mode="json")
+            )
+        return self._logger
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        """Writes ``checkpoints/global_step_N`` (actor state, sampler, RNG, step).
+
+        Returns:
+            The checkpoint directory.
+        """
+        step = self.global_step
+        path = self.checkpoint_root / f"global_step_{step}"
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        self.actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
+        state = {
+            "global_step": step,
+            "sampler": self.sampler.state_dict(),
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+            },
+        }
+        torch.save(state, path / "runner.pt")
+        (path / "runner.json").write_text(
+            json.dumps({"global_step": step, "sampler": self.sampler.state_dict()}, indent=2) + "\n"
+        )
+        (path / _COMPLETE).write_text(f"{step}\n")
+        _log.info("saved checkpoint %s", path)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restores the actor, the sampler cursor, RNG and the step from ``path``.
+
+        Args:
+            path: A ``global_step_N`` directory.
+
+        Returns:
+            The restored global step.
+        """
+        path = Path(path)
+        state = torch.load(path / "runner.pt", weights_only=False)
+        steps = self.actor.load_checkpoint(str(path)).wait(self.cfg.runner.step_timeout_s)
+        if any(s != state["global_step"] for s in steps):
+            raise RuntimeError(
+                f"checkpoint {path}: actor step {steps} != runner step {state['global_step']}"
+            )
+        self.sampler.load_state_dict(state["sampler"])
+        self._order = iter(self.sampler)
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.global_step = int(state["global_step"])
+        self.synced_version = None
+        _log.info("resumed from %s at step %d", path, self.global_step)
+        return self.global_step
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, groups: bool = True) -> None:
+        """Closes the metric logger and the channels; shuts the groups down (default).
+
+        Args:
+            groups: Also shut the worker groups down.
+        """
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
+        for channel in self._channels:
+            try:
+                channel.close()
+                channel.unlink()
+            except Exception:  # pragma: no cover - best effort
+                pass
+        self._channels = []
+        if groups:
+            for group in (self.actor, self.rollout, self.reward):
+                group.shutdown()
+
+
+def _check_model_dir(path: Path, key: str) -> None:
+    where = Path(path).expanduser()
+    if not where.exists():
+        raise FileNotFoundError(
+            f"{key}={str(path)!r} does not exist; pass a local directory written by "
+            "save_pretrained (models are never downloaded; for the toy task run "
+            "examples/reasoning/make_toy_task.py first)"
+        )
+    if not (where / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{key}={str(path)!r} has no config.json; it is not a save_pretrained model directory"
+        )
+
+
+def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:
+    stats = [s for s in stats if s]
+    if not stats:
+        return {}
+    count = sum(s["count"] for s in stats)
+    adv_count = sum(s["adv_count"] for s in stats)
+    resp = sum(s["response_length_sum"] for s in stats) / count
+    prompt = sum(s["prompt_length_sum"] for s in stats) / count
+    return {
+        "rollout/reward_scores": sum(s["reward_sum"] for s in stats) / count,
+        "rollout/response_length": resp,
+        "rollout/response_length_max": max(s["response_length_max"] for s in stats),
+        "rollout/response_length_min": min(s["response_length_min"] for s in stats),
+        "rollout/prompt_length": prompt,
+        "rollout/total_length": prompt + resp,
+        "rollout/fraction_of_samples_properly_ended": sum(s["ended_sum"] for s in stats) / count,
+        "rollout/advantages_mean": sum(s["adv_sum"] for s in stats) / max(1.0, adv_count),
+        "rollout/advantages_max": max(s["adv_max"] for s in stats),
+        "rollout/advantages_min": min(s["adv_min"] for s in stats),
+        "rollout/total_num_sequence": count,
+        "rollout/num_groups": sum(s["groups"] for s in stats),
+    }

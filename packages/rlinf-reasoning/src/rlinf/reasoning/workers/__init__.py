@@ -1,0 +1,54 @@
+"""Worker processes of a reasoning run: rollout, reward and the FSDP actor.
+
+* :class:`RolloutWorker`: wraps a rollout engine; prompt groups in, generated groups out.
+* :class:`RewardWorker`: wraps the math verifier pool; fills in rewards, group by group.
+* :class:`FSDPActor`: FSDP2 GRPO training, logprob recomputation, bucketed weight sync,
+  checkpoints and offload/onload.
+
+Each class is a :class:`rlinf.sched.Worker`, launched with
+``Cls.create_group(cfg).launch(cluster, ...)``. The names are imported lazily, so a
+reward process does not pay for the model stack the actor and rollout import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlinf.reasoning.workers.actor import FSDPActor
+    from rlinf.reasoning.workers.batch import PackedBatch, Sample, pack_samples, pad_rows
+    from rlinf.reasoning.workers.common import WeightBucket, load_tokenizer
+    from rlinf.reasoning.workers.reward import RewardWorker
+    from rlinf.reasoning.workers.rollout import RolloutWorker
+
+__all__ = [
+    "FSDPActor",
+    "PackedBatch",
+    "RewardWorker",
+    "RolloutWorker",
+    "Sample",
+    "WeightBucket",
+    "load_tokenizer",
+    "pack_samples",
+    "pad_rows",
+]
+
+_WHERE = {
+    "FSDPActor": "actor",
+    "PackedBatch": "batch",
+    "Sample": "batch",
+    "pack_samples": "batch",
+    "pad_rows": "batch",
+    "WeightBucket": "common",
+    "load_tokenizer": "common",
+    "RewardWorker": "reward",
+    "RolloutWorker": "rollout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,742 @@
+"""``FSDPActor``: trains a Hugging Face causal LM with GRPO under FSDP2.
+
+One rank per device (GPU, or CPU slot with gloo). Each decoder layer and the
+root module are ``fully_shard``-ed over all actor ranks; the optimizer is
+AdamW over the sharded parameters.
+
+A training step (:meth:`FSDPActor.run_training`) consumes this rank's share of
+the step's prompt groups from a channel, *as they arrive*:
+
+* on arrival a group gets its advantages (group-relative, so no barrier is
+  needed);
+* the step's responses are split into ``n_minibatches`` minibatches of whole
+  groups, each into micro-batches; as soon as a micro-batch's groups are in,
+  its old logprobs are recomputed with the step's starting weights (with
+  ``actor.recompute_logprobs``; plus reference logprobs for KL terms) and its
+  forward/backward runs (gradient accumulation), so training overlaps
+  generation in disaggregated mode; one optimizer step per minibatch;
+* old logprobs must come from the starting weights, so with recomputation
+  every group is pulled (and recomputed) before the step's first optimizer
+  update; global advantage whitening and REINFORCE++ also wait for the batch;
+* forward passes run in fixed chunks at fixed points of the loop, so every
+  actor rank issues the same FSDP collectives in the same order.
+
+Weights reach the rollout in buckets (:meth:`sync_model_to_rollout`): the full
+tensors are gathered over the actor ranks and rank 0 broadcasts one
+:class:`~rlinf.reasoning.workers.common.WeightBucket` of at most
+``actor.sync_bucket_mb`` to every rollout rank per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlinf.core.algorithms import (
+    ReasoningAdvantageInputs,
+    agg_loss,
+    get_advantage,
+    get_policy_loss,
+    kl_penalty,
+    masked_mean,
+)
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.reasoning import RolloutResult
+from rlinf.reasoning.config import ReasoningConfig
+from rlinf.reasoning.models import (
+    compute_token_logprobs,
+    compute_token_logprobs_and_entropy,
+    load_causal_lm,
+    resolve_dtype,
+)
+from rlinf.reasoning.workers.batch import Sample, pack_samples, pad_rows
+from rlinf.reasoning.workers.common import WeightBucket, setup_torch_threads, worker_device
+from rlinf.sched import Worker
+
+__all__ = ["FSDPActor"]
+
+_MIB = 1 << 20
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a (possibly sharded) DTensor parameter."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def _as_float(value: Any) -> float:
+    full = getattr(value, "full_tensor", None)
+    if callable(full):
+        value = full()
+    return float(value)
+
+
+class FSDPActor(Worker):
+    """The GRPO actor: FSDP2 training, logprob recomputation, bucketed weight sync.
+
+    Args:
+        cfg: The validated run config.
+        collocated: Whether the actor shares its devices with the rollout
+            (then it takes the device lock around its phases and, on GPUs,
+            offloads between them).
+    """
+
+    def __init__(self, cfg: ReasoningConfig, collocated: bool = False) -> None:
+        super().__init__()
+        setup_torch_threads(cfg.cluster.torch_threads)
+        self.cfg = cfg
+        self.collocated = collocated
+        self.version = 0
+        self.num_syncs = 0
+        self._offloaded = False
+        self._optim_steps = 0
+
+    # ------------------------------------------------------------------ setup
+    def init_worker(self, total_steps: int) -> dict[str, Any]:
+        """Starts torch.distributed, loads and shards the model, builds the optimizer.
+
+        Args:
+            total_steps: Training steps of the run (for the LR schedule).
+
+        Returns:
+            ``{"num_params", "device", "backend"}``.
+
+        Raises:
+            FileNotFoundError: If ``actor.model_path`` is not a model directory.
+            ValueError: If prompt + response do not fit the model's positions.
+        """
+        cfg = self.cfg
+        self.device = worker_device()
+        backend = cfg.actor.dist_backend
+        if backend == "auto":
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        torch.manual_seed(cfg.runner.seed + self.rank)
+        self.dtype = resolve_dtype(cfg.actor.dtype)
+        self.temperature = cfg.algorithm.sampling_params.temperature
+        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
+        limit = getattr(model.config, "max_position_embeddings", None)
+        needed = cfg.data.max_prompt_length + cfg.algorithm.sampling_params.max_new_tokens
+        if isinstance(limit, int) and needed > limit:
+            raise ValueError(
+                f"data.max_prompt_length ({cfg.data.max_prompt_length}) + "
+                f"algorithm.sampling_params.max_new_tokens "
+                f"({cfg.algorithm.sampling_params.max_new_tokens}) = {needed} exceeds the "
+                f"model's max_position_embeddings={limit} ({cfg.actor.model_path}); lower them"
+            )
+        if cfg.actor.gradient_checkpointing:
+            enable: Any = model.gradient_checkpointing_enable
+            enable()
+        self.model = self._shard(model)
+        self.model.train()
+        self.ref_model: nn.Module | None = None
+        if cfg.needs_ref_model:
+            ref = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
+            ref.requires_grad_(False)
+            self.ref_model = self._shard(ref)
+            self.ref_model.eval()
+        opt = cfg.actor.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=opt.adam_betas,
+            eps=opt.adam_eps,
+            weight_decay=opt.weight_decay,
+        )
+        alg = cfg.algorithm
+        self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epochs)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.loss_fn = get_policy_loss(alg.loss_type)
+        self.adv_fn = get_advantage(alg.adv_type)
+        self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        num_params = sum(p.numel() for p in self.model.parameters())
+        if self._offload_enabled:
+            self.offload()
+        return {"num_params": num_params, "device": str(self.device), "backend": backend}
+
+    @property
+    def _offload_enabled(self) -> bool:
+        flag = self.cfg.actor.enable_offload
+        if flag is None:
+            return self.collocated and self.device.type != "cpu"
+        return flag
+
+    def _shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        names = set(getattr(model, "_no_split_modules", None) or [])
+        reshard = self.cfg.actor.reshard_after_forward
+        for module in list(model.modules()):
+            if type(module).__name__ in names:
+                fully_shard(module, mesh=self.mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=reshard)
+        return model
+
+    def _lr_factor(self, step: int) -> float:
+        opt = self.cfg.actor.optim
+        if step < opt.warmup_steps:
+            return (step + 1) / opt.warmup_steps
+        if opt.lr_scheduler == "constant":
+            return 1.0
+        span = max(1, self.total_optim_steps - opt.warmup_steps)
+        progress = min(1.0, (step - opt.warmup_steps) / span)
+        if opt.lr_scheduler == "linear":
+            shape = 1.0 - progress
+        else:
+            shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return opt.min_lr_ratio + (1.0 - opt.min_lr_ratio) * shape
+
+    # ------------------------------------------------------------ offload/onload
+    def offload(self) -> None:
+        """Moves parameters, gradients and optimizer state to the CPU (no-op on CPU)."""
+        if self._offloaded or self.device.type == "cpu":
+            self._offloaded = True
+            return
+        self._move(torch.device("cpu"))
+        torch.cuda.empty_cache()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Moves what :meth:`offload` moved back to the device."""
+        if not self._offloaded:
+            return
+        if self.device.type != "cpu":
+            self._move(self.device)
+        self._offloaded = False
+
+    def _move(self, device: torch.device) -> None:
+        self.model.to(device)
+        if self.ref_model is not None:
+            self.ref_model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
+
+    # -------------------------------------------------------------- weight sync
+    def _named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Hugging Face names of every parameter (tied ones once) and persistent buffer."""
+        named: list[tuple[str, torch.Tensor]] = list(self.model.named_parameters())
+        keys = set(self.model.state_dict().keys())
+        named += [(n, b) for n, b in self.model.named_buffers() if n in keys]
+        return named
+
+    def sync_model_to_rollout(
+        self, rollout_group: str, rollout_world_size: int, version: int
+    ) -> dict[str, Any]:
+        """Sends the full weights to every rollout rank, one broadcast per bucket.
+
+        Every actor rank gathers the full tensors (a collective); rank 0 sends.
+
+        Args:
+            rollout_group: The rollout group's name.
+            rollout_world_size: Its ranks (all receive every bucket).
+            version: The weight version (the global step they start).
+
+        Returns:
+            ``{"version", "num_buckets", "num_tensors", "bytes", "seconds"}``.
+        """
+        start = time.perf_counter()
+        locked = False
+        if self.collocated:
+            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
+            locked = True
+        try:
+            self.onload()
+            named = self._named_weights()
+            cap = self.cfg.actor.sync_bucket_mb * _MIB
+            plan: list[list[tuple[str, torch.Tensor]]] = [[]]
+            size = 0
+            for name, tensor in named:
+                nbytes = tensor.numel() * tensor.element_size()
+                if plan[-1] and size + nbytes > cap:
+                    plan.append([])
+                    size = 0
+                plan[-1].append((name, tensor))
+                size += nbytes
+            groups: list[tuple[str, int | list[int]]] = [
+                (self.group_name, 0),
+                (rollout_group, list(range(rollout_world_size))),
+            ]
+            total = 0
+            with torch.no_grad():
+                for index, entries in enumerate(plan):
+                    tensors = [(n, _local(t).detach().to("cpu").clone()) for n, t in entries]
+                    bucket = WeightBucket(version, index, len(plan), tensors)
+                    total += bucket.nbytes
+                    if self.rank == 0:
+                        self.broadcast(
+                            bucket,
+                            groups,
+                            src=(self.group_name, 0),
+                            timeout=self.cfg.runner.channel_timeout_s,
+                        )
+            self.version = version
+            self.num_syncs += 1
+            if self._offload_enabled:
+                self.offload()
+        finally:
+            if locked:
+                self.release_device_lock()
+        return {
+            "version": version,
+            "num_buckets": len(plan),
+            "num_tensors": len(named),
+            "bytes": total,
+            "seconds": time.perf_counter() - start,
+        }
+
+    def full_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full (gathered) weights as CPU tensors; every rank must call it (tests/tools)."""
+        was_offloaded = self._offloaded
+        self.onload()
+        with torch.no_grad():
+            out = [(n, _local(t).detach().cpu().clone()) for n, t in self._named_weights()]
+        if was_offloaded:
+            self.offload()
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def _forward_logprobs(
+        self, model: nn.Module, samples: list[Sample], *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        packed = pack_samples(
+            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
+        ).to(self.device)
+        if with_entropy:
+            lp, ent = compute_token_logprobs_and_entropy(
+                model,
+                packed.input_ids,
+                packed.attention_mask,
+                response_start=packed.response_start,
+                temperature=self.temperature,
+                response_mask=packed.response_mask,
+            )
+            return lp, ent, packed.response_mask
+        lp = compute_token_logprobs(
+            model,
+            packed.input_ids,
+            packed.attention_mask,
+            response_start=packed.response_start,
+            temperature=self.temperature,
+            response_mask=packed.response_mask,
+        )
+        return lp, None, packed.response_mask
+
+    def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
+        size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for i in range(0, len(samples), size):
+                chunk = samples[i : i + size]
+                lp, _, _ = self._forward_logprobs(model, chunk)
+                out += [lp[k, : s.response_length].float().cpu() for k, s in enumerate(chunk)]
+        return out
+
+    def recompute_logprobs(self, results: list[RolloutResult]) -> list[list[float]]:
+        """Logprobs of the results' responses under the current weights (every rank calls it).
+
+        Args:
+            results: Prompt groups (this rank's; ranks may pass different ones).
+
+        Returns:
+            One list of float32 logprobs per response, in order.
+        """
+        samples = [s for r in results for s in self._samples(r)]
+        return [lp.tolist() for lp in self._no_grad_logprobs(self.model, samples)]
+
+    # ------------------------------------------------------------------ training
+    def _samples(self, result: RolloutResult) -> list[Sample]:
+        rewards = result.rewards if result.rewards is not None else [0.0] * result.group_size
+        out = []
+        for ids, lps, end, reward in zip(
+            result.response_ids, result.rollout_logprobs, result.is_end, rewards, strict=True
+        ):
+            lp = torch.tensor(lps, dtype=torch.float32)
+            out.append(
+                Sample(
+                    prompt_ids=list(result.prompt_ids),
+                    response_ids=list(ids),
+                    rollout_logprobs=lp,
+                    old_logprobs=lp,
+                    advantages=torch.zeros(len(ids)),
+                    reward=float(reward),
+                    is_end=bool(end),
+                )
+            )
+        return out
+
+    def _advantages(self, samples: list[Sample], group_size: int) -> None:
+        """Fills ``advantages`` of whole groups (``len(samples)`` a multiple of G)."""
+        alg = self.cfg.algorithm
+        width = max(1, max(s.response_length for s in samples))
+        mask = torch.zeros((len(samples), width), dtype=torch.bool)
+        for i, s in enumerate(samples):
+            mask[i, : s.response_length] = True
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        all_reduce = None
+        if self.world_size > 1:
+
+            def all_reduce(t: torch.Tensor) -> torch.Tensor:
+                t = t.clone()
+                dist.all_reduce(t)
+                return t
+
+        ref = None
+        if alg.is_reinpp and alg.reinpp_kl_beta > 0:
+            ref = pad_rows([s.ref_logprobs for s in samples], width)  # type: ignore[misc]
+        inputs = ReasoningAdvantageInputs(
+            rewards=rewards,
+            response_mask=mask,
+            group_size=group_size,
+            norm_by_std=alg.norm_by_std,
+            normalize_advantages=alg.normalize_advantages,
+            logprobs=pad_rows([s.old_logprobs for s in samples], width),
+            ref_logprobs=ref,
+            kl_beta=alg.reinpp_kl_beta,
+            kl_kind=alg.kl_penalty,
+            use_baseline=alg.use_reinpp_baseline,
+            all_reduce=all_reduce,
+        )
+        adv, _ = self.adv_fn(inputs)
+        for i, s in enumerate(samples):
+            s.advantages = adv[i, : s.response_length].float()
+
+    def run_training(self, channel: Channel, step: int) -> dict[str, Any]:
+        """Trains on this rank's share of step ``step``'s prompt groups from ``channel``.
+
+        Args:
+            channel: Where the rewarded :class:`RolloutResult` groups arrive.
+            step: The global step (0-based) being trained.
+
+        Returns:
+            ``{"train": minibatch-averaged actor metrics, "rollout": rollout
+            statistics of this rank's groups, "time": busy seconds}``.
+        """
+        cfg, alg = self.cfg, self.cfg.algorithm
+        share = alg.rollout_batch_size // self.world_size
+        per_mb_groups = share // alg.n_minibatches
+        g = alg.group_size
+        micro = cfg.actor.micro_batch_size
+        timeout = cfg.runner.channel_timeout_s
+        stream = not (alg.normalize_advantages or alg.is_reinpp)
+        recompute = cfg.actor.recompute_logprobs
+        samples: list[Sample] = []
+        results: list[RolloutResult] = []
+        busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0}
+        entered = False
+        lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
+
+        def pull(groups: int) -> None:
+            # Arrival: rollout logprobs and advantages (group-relative, no forward pass).
+            while len(results) < groups:
+                t0 = time.perf_counter()
+                item: RolloutResult = channel.get(timeout=timeout)
+                busy["wait"] += time.perf_counter() - t0
+                if item.rewards is None:
+                    raise RuntimeError(
+                        f"the group of prompt {item.index} reached the actor without rewards"
+                    )
+                results.append(item)
+                fresh = self._samples(item)
+                if stream:
+                    self._advantages(fresh, g)
+                samples.extend(fresh)
+
+        def logprobs_upto(n: int) -> None:
+            # Old/ref logprobs with the step's starting weights, in fixed chunks, so
+            # every rank runs the same forward passes (FSDP collectives) in the same order.
+            nonlocal lp_done
+            if n <= lp_done or not (recompute or self.ref_model is not None):
+                lp_done = max(lp_done, n)
+                return
+            t0 = time.perf_counter()
+            todo = samples[lp_done:n]
+            if recompute:
+                for s, lp in zip(todo, self._no_grad_logprobs(self.model, todo), strict=True):
+                    s.old_logprobs = lp
+            if self.ref_model is not None:
+                for s, lp in zip(todo, self._no_grad_logprobs(self.ref_model, todo), strict=True):
+                    s.ref_logprobs = lp
+            lp_done = n
+            busy["recompute"] += time.perf_counter() - t0
+
+        mb_metrics: list[dict[str, float]] = []
+        try:
+            if self.collocated:
+                # The rollout holds the devices until it has generated everything.
+                pull(share)
+            self._enter_phase()
+            entered = True
+            if not stream:
+                pull(share)
+                if self.ref_model is not None:
+                    logprobs_upto(len(samples))  # REINFORCE++ KL needs them first
+                self._advantages(samples, g)
+            self.model.train()
+            for epoch in range(alg.update_epochs):
+                for mb in range(alg.n_minibatches):
+                    first = mb * per_mb_groups * g
+                    n_micro = per_mb_groups * g // micro
+                    acc: dict[str, float] = {}
+                    for k in range(n_micro):
+                        lo, hi = first + k * micro, first + (k + 1) * micro
+                        pull(-(-hi // g))
+                        logprobs_upto(hi)
+                        t0 = time.perf_counter()
+                        m = self._micro_step(samples[lo:hi], n_micro)
+                        busy["train"] += time.perf_counter() - t0
+                        for key, v in m.items():
+                            acc[key] = acc.get(key, 0.0) + v / n_micro
+                    if epoch == 0 and mb == 0 and (recompute or self.ref_model is not None):
+                        # Old/ref logprobs must come from the step's starting weights:
+                        # compute them for every remaining group before the first update.
+                        pull(share)
+                        logprobs_upto(len(samples))
+                    t0 = time.perf_counter()
+                    acc.update(self._optimizer_step())
+                    busy["train"] += time.perf_counter() - t0
+                    mb_metrics.append(acc)
+        finally:
+            if entered and self.collocated:
+                self.release_device_lock()
+        train = {k: sum(m[k] for m in mb_metrics) / len(mb_metrics) for k in mb_metrics[0]}
+        return {
+            "train": train,
+            "rollout": self._rollout_stats(samples, results),
+            "time": busy,
+            "versions": sorted({r.version for r in results}),
+            "indices": [r.index for r in results],
+        }
+
+    def _enter_phase(self) -> None:
+        if self.collocated:
+            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
+        try:
+            self.onload()
+        except BaseException:
+            if self.collocated:
+                self.release_device_lock()
+            raise
+
+    def _micro_step(self, batch: list[Sample], n_micro: int) -> dict[str, float]:
+        alg = self.cfg.algorithm
+        want_entropy = alg.entropy_bonus > 0
+        lp, ent, mask = self._forward_logprobs(self.model, batch, with_entropy=want_entropy)
+        width = mask.shape[1]
+        old = pad_rows([s.old_logprobs for s in batch], width).to(self.device)
+        adv = pad_rows([s.advantages for s in batch], width).to(self.device)
+        loss, metrics = self.loss_fn(
+            logprobs=lp,
+            old_logprobs=old,
+            advantages=adv,
+            loss_mask=mask,
+            clip_ratio_low=alg.clip_ratio_low,
+            clip_ratio_high=alg.clip_ratio_high,
+            dual_clip_c=alg.clip_ratio_c,
+            loss_agg_mode=alg.loss_agg_mode,
+        )
+        out = dict(metrics)
+        if alg.kl_beta > 0:
+            ref = pad_rows([s.ref_logprobs for s in batch], width).to(self.device)  # type: ignore[misc]
+            kl = agg_loss(kl_penalty(lp, ref, alg.kl_penalty), mask, alg.loss_agg_mode)
+            loss = loss + alg.kl_beta * kl
+            out["actor/kl_loss"] = float(kl.detach())
+        if ent is not None:
+            ent_loss = agg_loss(ent, mask, alg.loss_agg_mode)
+            loss = loss - alg.entropy_bonus * ent_loss
+            out["actor/entropy_loss"] = float(ent_loss.detach())
+        (loss / n_micro).backward()  # type: ignore[no-untyped-call]
+        out["actor/final_loss"] = float(loss.detach())
+        with torch.no_grad():
+            rollout_lp = pad_rows([s.rollout_logprobs for s in batch], width).to(self.device)
+            diff = (old - rollout_lp).abs()
+            out["actor/rollout_train_kl"] = float(masked_mean(diff, mask))
+            out["actor/logprob_diff_max"] = float(diff.max()) if mask.any() else 0.0
+        return out
+
+    def _optimizer_step(self) -> dict[str, float]:
+        clip = self.cfg.actor.optim.clip_grad
+        if clip is not None:
+            norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        else:
+            sq = sum(
+                _as_float(p.grad.detach().float().pow(2).sum())
+                for p in self.model.parameters()
+                if p.grad is not None
+            )
+            norm = math.sqrt(sq)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._optim_steps += 1
+        return {"actor/grad_norm": norm, "actor/lr": lr}
+
+    @staticmethod
+    def _rollout_stats(samples: list[Sample], results: list[RolloutResult]) -> dict[str, float]:
+        n = len(samples)
+        if n == 0:
+            return {}
+        lengths = [s.response_length for s in samples]
+        prompt = [len(s.prompt_ids) for s in samples]
+        valid = [a for s in samples for a in s.advantages.tolist()]
+        return {
+            "count": float(n),
+            "reward_sum": float(sum(s.reward for s in samples)),
+            "response_length_sum": float(sum(lengths)),
+            "response_length_max": float(max(lengths)),
+            "response_length_min": float(min(lengths)),
+            "prompt_length_sum": float(sum(prompt)),
+            "ended_sum": float(sum(s.is_end for s in samples)),
+            "adv_sum": float(sum(valid)),
+            "adv_count": float(len(valid)),
+            "adv_max": float(max(valid)) if valid else 0.0,
+            "adv_min": float(min(valid)) if valid else 0.0,
+            "groups": float(len(results)),
+        }
+
+    # --------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: str, step: int) -> None:
+        """Writes this rank's model/optimizer shards, scheduler and RNG under ``path/actor``.
+
+        Also writes ``path/actor/huggingface`` (rank 0): the full weights and the
+        model config, loadable as a ``model_path``.
+
+        Args:
+            path: The ``global_step_N`` directory.
+            step: The global step the state belongs to.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        root = Path(path) / "actor"
+        root.mkdir(parents=True, exist_ok=True)
+        self.onload()
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp_save({"model": msd, "optim": osd}, checkpoint_id=str(root / "dcp"))
+        extra = {
+            "step": step,
+            "version": self.version,
+            "optim_steps": self._optim_steps,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": _rng_state(),
+        }
+        torch.save(extra, root / f"extra_rank{self.rank}.pt")
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank == 0:
+            from safetensors.torch import save_file
+
+            hf = root / "huggingface"
+            hf.mkdir(exist_ok=True)
+            config: Any = getattr(self.model, "config", None)
+            if config is not None:
+                config.save_pretrained(hf)
+            gen: Any = getattr(self.model, "generation_config", None)
+            if gen is not None:
+                gen.save_pretrained(hf)
+            tensors = {k: v.contiguous().clone() for k, v in _tensors(full).items()}
+            save_file(tensors, hf / "model.safetensors")
+        dist.barrier()
+        if self._offload_enabled:
+            self.offload()
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restores model, optimizer, scheduler and RNG from ``path/actor``.
+
+        Args:
+            path: A ``global_step_N`` directory written by :meth:`save_checkpoint`.
+
+        Returns:
+            The global step of the checkpoint.
+
+        Raises:
+            FileNotFoundError: If the actor state is missing.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        root = Path(path) / "actor"
+        if not (root / "dcp").is_dir():
+            raise FileNotFoundError(f"no actor state in {str(root)!r} (expected {root / 'dcp'})")
+        self.onload()
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": msd, "optim": osd}
+        dcp_load(state, checkpoint_id=str(root / "dcp"))
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        extra_path = root / f"extra_rank{self.rank}.pt"
+        if not extra_path.is_file():
+            extra_path = root / "extra_rank0.pt"
+        extra = torch.load(extra_path, weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.version = int(extra["version"])
+        self._optim_steps = int(extra["optim_steps"])
+        _set_rng_state(extra["rng"])
+        if self._offload_enabled:
+            self.offload()
+        return int(extra["step"])
+
+    def state_summary(self) -> dict[str, Any]:
+        """Version, optimizer steps, current lr and a weight checksum (tests and debugging)."""
+        checksum = sum(float(t.double().sum()) for _, t in self.full_weights())
+        return {
+            "version": self.version,
+            "optim_steps": self._optim_steps,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "checksum": checksum,
+        }
+
+    def teardown(self) -> None:
+        """Destroys the process group, then releases channels and locks."""
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        super().teardown()
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,314 @@
+"""``RolloutWorker``: generates G responses per prompt with a rollout engine.
+
+Each rank owns one engine (:func:`~rlinf.reasoning.engines.create_engine`, so
+any registered backend works). In a step it takes its share of the step's
+:class:`~rlinf.core.protocols.reasoning.RolloutRequest` items from the request
+channel, ``rollout.groups_per_chunk`` prompts at a time, samples ``G``
+responses for each with the weights of the last sync (one version for the
+whole step), and puts one :class:`~rlinf.core.protocols.reasoning.RolloutResult`
+per prompt group on the output channel as soon as its chunk is done.
+
+Collocated, a rank holds the device lock while it generates and offloads its
+engine afterwards (GPU); disaggregated, it just generates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
+from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
+from rlinf.reasoning.workers.common import (
+    WeightBucket,
+    load_tokenizer,
+    setup_torch_threads,
+    worker_device,
+)
+from rlinf.sched import Worker
+
+__all__ = ["RolloutWorker"]
+
+
+def _seed(base: int, step: int, rank: int, chunk: int) -> int:
+    return (base * 1_000_003 + step * 10_007 + rank * 101 + chunk) % (2**31 - 1)
+
+
+class RolloutWorker(Worker):
+    """Generation with a rollout engine; receives weights from the actor in buckets.
+
+    Args:
+        cfg: The validated run config.
+        collocated: Whether the rollout shares its devices with the actor.
+    """
+
+    def __init__(self, cfg: ReasoningConfig, collocated: bool = False) -> None:
+        super().__init__()
+        setup_torch_threads(cfg.cluster.torch_threads)
+        self.cfg = cfg
+        self.collocated = collocated
+        self.engine: RolloutEngine | None = None
+        self.num_syncs = 0
+        self.load_calls = 0
+        self.generated_tokens = 0
+
+    def init_worker(self) -> dict[str, Any]:
+        """Builds the engine on this rank's device.
+
+        Returns:
+            ``{"device", "engine"}``.
+
+        Raises:
+            FileNotFoundError: If the model directory does not exist.
+        """
+        cfg = self.cfg
+        device = worker_device()
+        tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
+        eos = tokenizer.eos_token_id
+        self.stop_ids: tuple[int, ...] = (int(eos),) if isinstance(eos, int) else ()
+        options: dict[str, Any] = {}
+        if cfg.rollout.max_batch_size is not None:
+            options["max_batch_size"] = cfg.rollout.max_batch_size
+        self.engine = create_engine(
+            cfg.rollout.engine,
+            model_path=cfg.rollout_model_path,
+            dtype=cfg.rollout.dtype,
+            device=device,
+            **options,
+        )
+        self.num_syncs = 0  # a new engine is validated again at its first sync
+        if self._offload_enabled:
+            self.engine.offload()
+        return {"device": str(device), "engine": type(self.engine).__name__}
+
+    @property
+    def _offload_enabled(self) -> bool:
+        flag = self.cfg.rollout.enable_offload
+        if flag is None:
+            return self.collocated and worker_device().type != "cpu"
+        return flag
+
+    def _engine(self) -> RolloutEngine:
+        if self.engine is None:
+            raise RuntimeError("call init_worker() before using the rollout worker")
+        return self.engine
+
+    # ------------------------------------------------------------------ weights
+    def sync_model_from_actor(self, actor_group: str) -> dict[str, Any]:
+        """Receives one weight sync (all its buckets) from actor rank 0 and loads it.
+
+        After the first sync (with ``rollout.validate_weight_first_sync``) it
+        checks that every engine parameter was received and now equals the
+        actor's value exactly (compared in the engine's dtype).
+
+        Args:
+            actor_group: The actor group's name.
+
+        Returns:
+            ``{"version", "num_buckets", "load_calls", "max_abs_diff", "seconds"}``.
+
+        Raises:
+            RuntimeError: If the first-sync check fails (names what differs).
+        """
+        engine = self._engine()
+        start = time.perf_counter()
+        groups: list[tuple[str, int | list[int]]] = [
+            (actor_group, 0),
+            (self.group_name, list(range(self.world_size))),
+        ]
+        check = self.num_syncs == 0 and self.cfg.rollout.validate_weight_first_sync
+        received: set[str] = set()
+        worst = 0.0
+        buckets = 0
+        version = engine.version
+        while True:
+            bucket: WeightBucket = self.broadcast(
+                None, groups, src=(actor_group, 0), timeout=self.cfg.runner.channel_timeout_s
+            )
+            engine.load_weights(bucket.tensors, version=bucket.version)
+            self.load_calls += 1
+            buckets += 1
+            version = bucket.version
+            if check:
+                dtype = getattr(engine, "dtype", None)
+                worst = max(
+                    worst,
+                    engine.weights_max_abs_diff(
+                        [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
+                    ),
+                )
+                received.update(n for n, _ in bucket.tensors)
+            if bucket.index == bucket.count - 1:
+                break
+        if check:
+            model = getattr(engine, "model", None)
+            if model is not None:
+                missing = sorted(n for n, _ in model.named_parameters() if n not in received)
+                if missing:
+                    raise RuntimeError(
+                        f"weight sync v{version}: the actor sent no value for engine "
+                        f"parameter(s) {missing[:5]}{'...' if len(missing) > 5 else ''}; "
+                        "actor and rollout must load the same architecture (check "
+                        "rollout.model_path vs actor.model_path)"
+                    )
+            if worst != 0.0:
+                raise RuntimeError(
+                    f"weight sync v{version}: engine weights differ from the actor's by up to "
+                    f"{worst:g} after loading; the engine's load_weights is broken"
+                )
+        self.num_syncs += 1
+        return {
+            "version": version,
+            "num_buckets": buckets,
+            "load_calls": self.load_calls,
+            "max_abs_diff": worst,
+            "seconds": time.perf_counter() - start,
+        }
+
+    def weights_max_abs_diff(self, named: list[tuple[str, Any]]) -> float:
+        """Largest difference between the engine's weights and ``named`` (tests)."""
+        return self._engine().weights_max_abs_diff(named)
+
+    def stats(self) -> dict[str, Any]:
+        """Syncs, engine load calls, weight version and generated tokens so far."""
+        return {
+            "num_syncs": self.num_syncs,
+            "load_calls": self.load_calls,
+            "version": self._engine().version,
+            "generated_tokens": self.generated_tokens,
+        }
+
+    # --------------------------------------------------------------- generation
+    def _generate(
+        self, requests: list[RolloutRequest], sampling: SamplingConfig, seed: int | None
+    ) -> list[RolloutResult]:
+        engine = self._engine()
+        g = requests[0].group_size
+        if any(r.group_size != g for r in requests):
+            raise ValueError("requests of one generate call must share group_size")
+        params = sampling.to_params(seed=seed, stop_token_ids=self.stop_ids)
+        outs = engine.generate([r.prompt_ids for r in requests], g, params)
+        by_prompt: list[list[GenerationOutput]] = [[] for _ in requests]
+        for out in outs:
+            by_prompt[out.prompt_index].append(out)
+        results = []
+        for req, group in zip(requests, by_prompt, strict=True):
+            group.sort(key=lambda o: o.sample_index)
+            self.generated_tokens += sum(o.num_tokens for o in group)
+            results.append(
+                RolloutResult(
+                    prompt_ids=list(req.prompt_ids),
+                    answers=list(req.answers),
+                    response_ids=[list(o.output_ids) for o in group],
+                    rollout_logprobs=[list(o.logprobs) for o in group],
+                    is_end=[o.is_end for o in group],
+                    version=engine.version,
+                    index=req.index,
+                    step=req.step,
+                )
+            )
+        return results
+
+    def _enter_phase(self) -> bool:
+        if self.collocated:
+            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
+        try:
+            self._engine().onload()
+        except BaseException:
+            if self.collocated:
+                self.release_device_lock()
+            raise
+        return self.collocated
+
+    def _leave_phase(self, locked: bool) -> None:
+        try:
+            if self._offload_enabled:
+                self._engine().offload()
+        finally:
+            if locked:
+                self.release_device_lock()
+
+    def generate(self, requests: Channel, results: Channel, step: int) -> dict[str, Any]:
+        """Answers this rank's share of step ``step``'s requests, streaming groups out.
+
+        Args:
+            requests: Channel with the step's :class:`RolloutRequest` items.
+            results: Channel that receives one :class:`RolloutResult` per prompt.
+            step: The global step (seeds the sampler).
+
+        Returns:
+            ``{"groups", "tokens", "busy_s", "version"}``.
+        """
+        cfg = self.cfg
+        share = cfg.algorithm.rollout_batch_size // self.world_size
+        chunk_size = cfg.rollout.groups_per_chunk
+        timeout = cfg.runner.channel_timeout_s
+        done = tokens = 0
+        busy = 0.0
+        chunk_index = 0
+        locked = self._enter_phase()
+        try:
+            while done < share:
+                batch: list[RolloutRequest] = [requests.get(timeout=timeout)]
+                while len(batch) < min(chunk_size, share - done):
+                    try:
+                        batch.append(requests.get_nowait())
+                    except asyncio.QueueEmpty:
+                        break
+                t0 = time.perf_counter()
+                seed = _seed(cfg.runner.seed, step, self.rank, chunk_index)
+                out = self._generate(batch, cfg.algorithm.sampling_params, seed)
+                busy += time.perf_counter() - t0
+                for result in out:
+                    results.put(result, timeout=timeout)
+                    tokens += result.num_tokens
+                done += len(batch)
+                chunk_index += 1
+        finally:
+            self._leave_phase(locked)
+        return {"groups": done, "tokens": tokens, "busy_s": busy, "version": self._engine().version}
+
+    def generate_eval(
+        self, requests: list[RolloutRequest], sampling: SamplingConfig
+    ) -> list[RolloutResult]:
+        """Generates for held-out prompts (no channels; the runner splits the set).
+
+        Args:
+            requests: The prompts (``group_size`` samples each).
+            sampling: Eval sampling parameters.
+
+        Returns:
+            One result per request, in order.
+        """
+        if not requests:
+            return []
+        locked = self._enter_phase()
+        try:
+            out: list[RolloutResult] = []
+            size = max(self.cfg.rollout.groups_per_chunk, 64)
+            for i in range(0, len(requests), size):
+                seed = _seed(self.cfg.runner.seed, -1, self.rank, i)
+                out += self._generate(requests[i : i + size], sampling, seed)
+            return out
+        finally:
+            self._leave_phase(locked)
+
+    def generate_requests(self, requests: list[RolloutRequest], step: int) -> list[RolloutResult]:
+        """Generates training-style samples for ``requests`` directly (tests and tools).
+
+        Args:
+            requests: The prompts.
+            step: Seeds the sampler like :meth:`generate`.
+
+        Returns:
+            One result per request.
+        """
+        locked = self._enter_phase()
+        try:
+            seed = _seed(self.cfg.runner.seed, step, self.rank, 0)
+            return self._generate(requests, self.cfg.algorithm.sampling_params, seed)
+        finally:
+            self._leave_phase(locked)
