@@ -1,7 +1,9 @@
 """RLinf embodied RL: envs, policies, workers and the EmbodiedRunner.
 
-The embodied stack lands with its own issue; this release ships the package
-skeleton and version only.
+The envs (gymnasium, ManiSkill, robosuite) live in :mod:`rlinf.embodied.envs`,
+policies in :mod:`rlinf.embodied.models`, the env/rollout/actor workers in
+:mod:`rlinf.embodied.workers`, the training loop in :mod:`rlinf.embodied.runner`
+and the config schema in :mod:`rlinf.embodied.config`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

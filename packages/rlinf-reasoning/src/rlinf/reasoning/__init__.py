@@ -1,7 +1,9 @@
 """RLinf reasoning RL: math data, rollout engines, rewards, actor and the ReasoningRunner.
 
-The reasoning stack lands with its own issue; this release ships the package
-skeleton and version only.
+Data in :mod:`rlinf.reasoning.data`, rollout engines in
+:mod:`rlinf.reasoning.engines`, the math reward in :mod:`rlinf.reasoning.reward`,
+workers in :mod:`rlinf.reasoning.workers`, the GRPO loop in
+:mod:`rlinf.reasoning.runner` and the config schema in :mod:`rlinf.reasoning.config`.
 """
 
 from importlib.metadata import PackageNotFoundError, version
