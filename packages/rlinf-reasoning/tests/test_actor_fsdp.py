@@ -204,3 +204,34 @@ def test_training_step_checkpoint_and_restore(toy: Path, make_actor: Any, tmp_pa
     # The exported weights load as a plain Hugging Face model with the same values.
     engine = HFEngine(hf, dtype="float32", device="cpu")
     assert engine.weights_max_abs_diff(actor.full_weights()) == 0.0
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {
+            "kl_beta": 0.1,
+            "kl_penalty": "k3",
+            "entropy_bonus": 0.01,
+            "shuffle_rollout": True,
+            "clip_ratio_c": 3.0,
+            "clip_ratio_high": 0.28,
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
+        {"adv_type": "reinforce_plus_plus", "reinpp_kl_beta": 0.05, "use_reinpp_baseline": True},
+        {"normalize_advantages": True, "update_epochs": 2},
+    ],
+    ids=["kl-entropy-shuffle-dualclip", "reinforce++", "whiten-2epochs"],
+)
+def test_loss_options_train(toy: Path, make_actor: Any, algorithm: dict[str, Any]) -> None:
+    cfg = _cfg(toy, rollout_batch_size=4, n_minibatches=2, group_size=4, **algorithm)
+    actor = make_actor(cfg)
+    out = actor.run_training(_ListChannel(_groups(toy, 1.0)[:4]), 0)
+    train = out["train"]
+    assert all(v == v and abs(v) < 1e6 for v in train.values()), train  # finite
+    if algorithm.get("kl_beta"):
+        assert "actor/kl_loss" in train and "actor/entropy_loss" in train
+    epochs = algorithm.get("update_epochs", 1)
+    assert actor.state_summary()["optim_steps"] == 2 * epochs
+    # The first minibatch starts from the sampling weights: ratio 1 before any update.
+    assert train["actor/logprob_diff_max"] < 1e-4

@@ -164,6 +164,12 @@ class AlgorithmConfig(RLinfModel):
         1, ge=1, description="Optimizer steps per pass over a step's N*G responses."
     )
     update_epochs: int = Field(1, ge=1, description="Passes over each step's responses.")
+    shuffle_rollout: bool = Field(
+        False,
+        description="Split a step's responses into minibatches in a seeded random order "
+        "(each minibatch then mixes all prompts; training waits for the whole batch) "
+        "instead of arrival order (minibatches of whole groups, trained as they arrive).",
+    )
     norm_by_std: bool = Field(True, description="grpo: divide by the group's reward std.")
     normalize_advantages: bool = Field(
         False,

@@ -45,7 +45,7 @@ from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
-from rlinf.sched import Cluster, GroupFuture, WorkerGroup
+from rlinf.sched import Cluster, GroupFuture, Worker, WorkerGroup
 from rlinf.sched.placement import ModelParallelComponentPlacement
 
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
@@ -61,6 +61,7 @@ def launch_reasoning_groups(
     cluster: Cluster,
     name_prefix: str = "",
     timeout: float = 600.0,
+    reward_cls: type[Worker] | None = None,
 ) -> tuple[ModelParallelComponentPlacement, WorkerGroup, WorkerGroup, WorkerGroup]:
     """Places and launches the rollout, reward and actor groups of ``cfg`` (concurrently).
 
@@ -70,6 +71,8 @@ def launch_reasoning_groups(
         name_prefix: Prefix of the group names (several runs on one cluster).
         timeout: Seconds to wait for every worker process to start (imports of
             torch and transformers take a while on a loaded machine).
+        reward_cls: The reward worker class (a :class:`RewardWorker` subclass with
+            your ``score``); default the math reward.
 
     Returns:
         ``(placement, actor, rollout, reward)``.
@@ -89,7 +92,7 @@ def launch_reasoning_groups(
     collocated = placement.is_collocated
     unlaunched = {
         "rollout": RolloutWorker.create_group(cfg, collocated),
-        "reward": RewardWorker.create_group(cfg),
+        "reward": (reward_cls or RewardWorker).create_group(cfg),
         "actor": FSDPActor.create_group(cfg, collocated),
     }
     names = {"rollout": "RolloutGroup", "reward": "RewardGroup", "actor": "ActorGroup"}

@@ -434,6 +434,7 @@ class FSDPActor(Worker):
         timeout = cfg.runner.channel_timeout_s
         stream = not (alg.normalize_advantages or alg.is_reinpp)
         recompute = cfg.actor.recompute_logprobs
+        shuffle = alg.shuffle_rollout
         samples: list[Sample] = []
         results: list[RolloutResult] = []
         busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0}
@@ -481,11 +482,19 @@ class FSDPActor(Worker):
                 pull(share)
             self._enter_phase()
             entered = True
-            if not stream:
+            if not stream or shuffle:
                 pull(share)
+            if not stream:
                 if self.ref_model is not None:
                     logprobs_upto(len(samples))  # REINFORCE++ KL needs them first
                 self._advantages(samples, g)
+            order = samples
+            if shuffle:
+                logprobs_upto(len(samples))
+                gen = torch.Generator().manual_seed(
+                    cfg.runner.seed * 100_003 + step * 101 + self.rank
+                )
+                order = [samples[i] for i in torch.randperm(len(samples), generator=gen).tolist()]
             self.model.train()
             for epoch in range(alg.update_epochs):
                 for mb in range(alg.n_minibatches):
@@ -497,7 +506,7 @@ class FSDPActor(Worker):
                         pull(-(-hi // g))
                         logprobs_upto(hi)
                         t0 = time.perf_counter()
-                        m = self._micro_step(samples[lo:hi], n_micro)
+                        m = self._micro_step(order[lo:hi], n_micro)
                         busy["train"] += time.perf_counter() - t0
                         for key, v in m.items():
                             acc[key] = acc.get(key, 0.0) + v / n_micro
