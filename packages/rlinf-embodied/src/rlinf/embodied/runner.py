@@ -44,6 +44,12 @@ from rlinf.core.channel import Channel
 from rlinf.core.logging import get_logger
 from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
+from rlinf.core.protocols.workers import (
+    EmbodiedActorWorker,
+    EmbodiedEnvWorker,
+    EmbodiedRolloutWorker,
+    check_implements,
+)
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.sched import GroupFuture, WorkerGroup
 
@@ -100,6 +106,12 @@ class EmbodiedRunner:
     def __init__(
         self, cfg: EmbodiedConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup
     ) -> None:
+        for group, role in (
+            (actor, EmbodiedActorWorker),
+            (rollout, EmbodiedRolloutWorker),
+            (env, EmbodiedEnvWorker),
+        ):
+            check_implements(group.worker_cls, role)
         self.cfg = cfg
         self.actor, self.rollout, self.env = actor, rollout, env
         self.global_step = 0

@@ -42,6 +42,12 @@ from rlinf.core.logging import get_logger
 from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import progress_bar, rate_postfix
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+from rlinf.core.protocols.workers import (
+    ReasoningActorWorker,
+    ReasoningRewardWorker,
+    ReasoningRolloutWorker,
+    check_implements,
+)
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
@@ -80,9 +86,12 @@ def launch_reasoning_groups(
     Raises:
         ValueError: If the placement does not fit the cluster or the world sizes do
             not divide the batch (the message names the key).
+        TypeError: If ``reward_cls`` does not implement ``ReasoningRewardWorker``.
     """
     from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
 
+    if reward_cls is not None:  # fail before anything is placed
+        check_implements(reward_cls, ReasoningRewardWorker)
     placement = ModelParallelComponentPlacement(cfg.cluster.component_placement, cluster.info)
     cfg.check_world_sizes(
         actor=placement.actor_world_size,
@@ -196,6 +205,12 @@ class ReasoningRunner:
         *,
         collocated: bool = False,
     ) -> None:
+        for group, role in (
+            (actor, ReasoningActorWorker),
+            (rollout, ReasoningRolloutWorker),
+            (reward, ReasoningRewardWorker),
+        ):
+            check_implements(group.worker_cls, role)
         self.cfg = cfg
         self.actor, self.rollout, self.reward = actor, rollout, reward
         self.collocated = collocated

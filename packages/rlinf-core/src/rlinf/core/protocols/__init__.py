@@ -12,22 +12,32 @@ from rlinf.core.protocols.embodied import (
     Trajectory,
 )
 from rlinf.core.protocols.workers import (
-    ActorWorker,
     CheckpointableWorker,
+    EmbodiedActorWorker,
+    EmbodiedEnvWorker,
+    EmbodiedRolloutWorker,
     OffloadableWorker,
-    RolloutWorker,
+    ReasoningActorWorker,
+    ReasoningRewardWorker,
+    ReasoningRolloutWorker,
+    check_implements,
 )
 
 __all__ = [
-    "ActorWorker",
     "CheckpointableWorker",
+    "EmbodiedActorWorker",
+    "EmbodiedEnvWorker",
+    "EmbodiedRolloutWorker",
     "EnvOutput",
     "EnvSpec",
     "OffloadableWorker",
     "PolicyOutput",
+    "ReasoningActorWorker",
+    "ReasoningRewardWorker",
+    "ReasoningRolloutWorker",
     "RolloutBatch",
-    "RolloutWorker",
     "Trajectory",
+    "check_implements",
 ]
 
 # Reasoning messages (one prompt group per channel item).

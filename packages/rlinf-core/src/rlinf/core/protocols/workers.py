@@ -3,14 +3,39 @@
 A runner calls these methods on worker *groups* (each call fans out to every
 rank and returns a future), so the protocols describe one rank's methods.
 Embodied and reasoning workers implement them; neither stack imports the
-other.
+other. A runner checks the classes it launches with :func:`check_implements`,
+so a custom worker class (say, a reward worker with your own scoring) that
+misses a method or renames an argument fails at launch with the method named,
+not in the middle of a step.
+
+Config arguments are typed ``Any`` here: each stack's config model lives in
+that stack.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import inspect
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["ActorWorker", "CheckpointableWorker", "OffloadableWorker", "RolloutWorker"]
+if TYPE_CHECKING:
+    from rlinf.core.channel import Channel
+    from rlinf.core.protocols.embodied import EnvSpec
+    from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+
+__all__ = [
+    "CheckpointableWorker",
+    "EmbodiedActorWorker",
+    "EmbodiedEnvWorker",
+    "EmbodiedRolloutWorker",
+    "OffloadableWorker",
+    "ReasoningActorWorker",
+    "ReasoningRewardWorker",
+    "ReasoningRolloutWorker",
+    "check_implements",
+]
+
+
+# ----------------------------------------------------------------- shared roles
 
 
 @runtime_checkable
@@ -35,23 +60,190 @@ class CheckpointableWorker(Protocol):
         """Restores this rank's state from ``path``; returns the step it was saved at."""
 
 
+# -------------------------------------------------------------- embodied roles
+
+
 @runtime_checkable
-class RolloutWorker(Protocol):
-    """Produces experience with the current policy weights."""
+class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
+    """Steps vectorised simulators and ships trajectories to the actor."""
+
+    def init_worker(self, cfg: Any, actor_world_size: int) -> EnvSpec:
+        """Builds this rank's envs; returns their observation/action spec."""
+
+    def interact(
+        self, obs_channel: Channel, action_channel: Channel, actor_channel: Channel
+    ) -> dict[str, Any]:
+        """Runs one rollout epoch: observations out, actions in, trajectories to the actor."""
+
+    def evaluate(self, obs_channel: Channel, action_channel: Channel) -> dict[str, list[float]]:
+        """Runs the eval episodes; returns per-episode metric lists."""
+
+
+@runtime_checkable
+class EmbodiedRolloutWorker(Protocol):
+    """Answers observations with actions from the current policy weights."""
+
+    def init_worker(
+        self,
+        cfg: Any,
+        spec: EnvSpec,
+        actor_group: str,
+        env_world_size: int,
+        offload: bool = False,
+    ) -> None:
+        """Builds the policy for ``spec``."""
 
     def sync_model_from_actor(self) -> int:
         """Receives the actor's weights; returns the new weight version."""
 
+    def generate(
+        self, obs_channel: Channel, action_channel: Channel, step: int, mode: str = "train"
+    ) -> dict[str, Any]:
+        """Serves one rollout (or eval) epoch; returns ``rollout/*`` metrics."""
+
 
 @runtime_checkable
-class ActorWorker(Protocol):
-    """Trains the policy on experience it receives through a channel."""
+class EmbodiedActorWorker(CheckpointableWorker, Protocol):
+    """Trains the policy on the trajectories it receives through a channel."""
+
+    def init_worker(
+        self,
+        cfg: Any,
+        spec: EnvSpec,
+        rollout_group: str,
+        rollout_world_size: int,
+        env_world_size: int,
+        offload: bool = False,
+    ) -> None:
+        """Builds the model, optimizer and process group."""
 
     def sync_model_to_rollout(self) -> int:
         """Sends the current weights to the rollout group; returns their version."""
 
+    def recv_rollout_batch(self, actor_channel: Channel) -> dict[str, int]:
+        """Collects this rank's share of the step's trajectories."""
+
     def compute_advantages_and_returns(self) -> dict[str, float]:
         """Computes advantages for the received batch; returns ``rollout/*`` metrics."""
 
-    def run_training(self) -> dict[str, Any]:
-        """Runs the update epochs on the received batch; returns ``train/*`` metrics."""
+    def run_training(self) -> dict[str, float]:
+        """Runs the update epochs on the received batch; returns ``actor/*`` metrics."""
+
+
+# ------------------------------------------------------------- reasoning roles
+
+
+@runtime_checkable
+class ReasoningRolloutWorker(Protocol):
+    """Samples ``G`` responses per prompt group with one weight version."""
+
+    def init_worker(self) -> dict[str, Any]:
+        """Loads the tokenizer and engine; returns a summary."""
+
+    def sync_model_from_actor(self, actor_group: str) -> dict[str, Any]:
+        """Receives the actor's weights (in buckets); returns the version and timings."""
+
+    def generate(self, requests: Channel, results: Channel, step: int) -> dict[str, Any]:
+        """Answers the step's requests group by group; returns ``rollout/*`` metrics."""
+
+    def generate_eval(self, requests: list[RolloutRequest], sampling: Any) -> list[RolloutResult]:
+        """Answers held-out prompts with the eval sampling parameters."""
+
+
+@runtime_checkable
+class ReasoningRewardWorker(Protocol):
+    """Scores prompt groups and forwards them to the actor."""
+
+    def init_worker(self) -> dict[str, Any]:
+        """Loads the tokenizer and starts the scoring pool."""
+
+    def compute_rewards(self, inputs: Channel, outputs: Channel) -> dict[str, Any]:
+        """Fills in ``rewards`` for each group on ``inputs`` and puts it on ``outputs``."""
+
+    def evaluate(self, results: list[RolloutResult]) -> list[tuple[list[float], list[bool]]]:
+        """Scores eval results; returns ``(rewards, correct)`` per group."""
+
+
+@runtime_checkable
+class ReasoningActorWorker(OffloadableWorker, CheckpointableWorker, Protocol):
+    """Trains an LLM policy on scored prompt groups."""
+
+    def init_worker(self, total_steps: int) -> dict[str, Any]:
+        """Builds the FSDP model, optimizer and scheduler."""
+
+    def sync_model_to_rollout(
+        self, rollout_group: str, rollout_world_size: int, version: int
+    ) -> dict[str, Any]:
+        """Sends the weights to the rollout group in buckets."""
+
+    def run_training(self, channel: Channel, step: int) -> dict[str, Any]:
+        """Trains on the step's groups as they arrive; returns ``actor/*`` metrics."""
+
+
+# ----------------------------------------------------------------------- check
+
+
+def _protocol_methods(protocol: type) -> dict[str, inspect.Signature]:
+    methods: dict[str, inspect.Signature] = {}
+    for klass in reversed(protocol.__mro__):
+        if klass is object or klass is Protocol or not getattr(klass, "_is_protocol", False):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and inspect.isfunction(value):
+                methods[name] = inspect.signature(value)
+    return methods
+
+
+def check_implements(cls: type, protocol: type) -> None:
+    """Checks that ``cls`` has every method of ``protocol``, callable as the protocol calls it.
+
+    A method must exist and accept the protocol's parameters by name (extra
+    parameters need defaults; ``*args``/``**kwargs`` accept anything).
+
+    Args:
+        cls: The worker class (not an instance; Ray actor classes are unwrapped by
+            the caller).
+        protocol: One of the role protocols in this module.
+
+    Raises:
+        TypeError: Naming every missing or incompatible method and the fix.
+    """
+    problems: list[str] = []
+    for name, wanted in _protocol_methods(protocol).items():
+        impl = getattr(cls, name, None)
+        if impl is None or not callable(impl):
+            problems.append(f"missing method {name}{wanted}")
+            continue
+        try:
+            have = inspect.signature(impl)
+        except (TypeError, ValueError):  # builtins without a signature: trust them
+            continue
+        params = list(have.parameters.values())
+        kinds = {p.kind for p in params}
+        var_pos = inspect.Parameter.VAR_POSITIONAL in kinds
+        var_kw = inspect.Parameter.VAR_KEYWORD in kinds
+        names = {p.name for p in params}
+        wanted_names = [p for p in wanted.parameters if p != "self"]
+        absent = [p for p in wanted_names if p not in names and not (var_pos and var_kw)]
+        extra_required = [
+            p.name
+            for p in params
+            if p.name != "self"
+            and p.name not in wanted_names
+            and p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
+        if absent or extra_required:
+            detail = []
+            if absent:
+                detail.append(f"lacks parameter(s) {absent}")
+            if extra_required:
+                detail.append(f"requires parameter(s) {extra_required} the runner does not pass")
+            problems.append(f"{name}{have} {' and '.join(detail)}; expected {name}{wanted}")
+    if problems:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} does not implement {protocol.__name__}: "
+            + "; ".join(problems)
+            + f". Implement these methods (see rlinf.core.protocols.{protocol.__name__}), "
+            "or subclass the stack's default worker and override only what you change."
+        )

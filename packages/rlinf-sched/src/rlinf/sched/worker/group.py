@@ -256,6 +256,11 @@ class WorkerGroup:
         """Where each rank runs."""
         return list(self._placements)
 
+    @property
+    def worker_cls(self) -> type[Worker]:
+        """The :class:`Worker` subclass every rank runs."""
+        return self._cls
+
     def execute_on(self, *ranks: int) -> WorkerGroup:
         """Limits the next call to ``ranks``."""
         bad = [r for r in ranks if not 0 <= r < len(self._actors)]
