@@ -207,6 +207,23 @@ def test_swanlab_backend_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ]
 
 
+def test_flush_puts_everything_on_disk_and_logging_continues(tmp_path: Path) -> None:
+    """flush() returns only when every logged value is readable (a runner's end of run)."""
+    tb_dir = tmp_path / "run" / "tensorboard"
+    m = MetricLogger(tmp_path, "run", console=False)
+    for step in range(50):  # more than tensorboardX's 10-event queue
+        m.log({"train/loss": float(step), "eval/acc": step / 100}, step=step)
+    m.flush()
+    scalars = read_scalars(tb_dir)
+    assert [s for s, _ in scalars["train/loss"]] == list(range(50))
+    assert scalars["eval/acc"][-1] == (49, pytest.approx(0.49))
+    m.log({"train/loss": 50.0}, step=50)  # the run goes on after a flush
+    m.flush()
+    assert read_scalars(tb_dir)["train/loss"][-1] == (50, 50.0)
+    m.close()
+    assert len(read_scalars(tb_dir)["train/loss"]) == 51
+
+
 def test_close_is_idempotent_and_log_after_close_fails(tmp_path: Path) -> None:
     m = MetricLogger(tmp_path, "run", console=False)
     m.log({"train/loss": 1.0}, step=0)

@@ -19,6 +19,7 @@ from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import DatasetError
 from rlinf.reasoning.runner import ReasoningRunner, find_latest_checkpoint
 from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "reasoning"
 CONFIG_DIR = EXAMPLES / "config"
@@ -76,15 +77,20 @@ def toy_dir(tmp_path: Path) -> Path:
 class _FakeGroup:
     """Stands in for a WorkerGroup: the checks below fail before any worker call."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.world_size = name, 1
+    def __init__(self, name: str, worker_cls: type) -> None:
+        self.name, self.world_size, self.worker_cls = name, 1, worker_cls
 
     def __getattr__(self, method: str) -> Any:
         raise AssertionError(f"the runner called {self.name}.{method} before validating inputs")
 
 
 def _runner(cfg: ReasoningConfig) -> ReasoningRunner:
-    return ReasoningRunner(cfg, _FakeGroup("actor"), _FakeGroup("rollout"), _FakeGroup("reward"))  # type: ignore[arg-type]
+    groups = [
+        _FakeGroup("actor", FSDPActor),
+        _FakeGroup("rollout", RolloutWorker),
+        _FakeGroup("reward", RewardWorker),
+    ]
+    return ReasoningRunner(cfg, *groups)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------- examples

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -129,28 +130,55 @@ def _drop_tensorboardx_nan_warning(record: logging.LogRecord) -> bool:
 
 
 class _TensorBoardBackend:
-    """Writes scalars with tensorboardX to ``experiment_dir/tensorboard``."""
+    """Writes scalars with tensorboardX to ``experiment_dir/tensorboard``.
+
+    tensorboardX writes from a background thread and its ``flush()`` does not
+    wait for that thread's queue, so :meth:`flush` closes the writer (which
+    drains the queue) and the next write opens a new event file in the same
+    folder; TensorBoard reads the files of a folder as one run. Between
+    flushes, events reach the disk within ``_FLUSH_SECS``.
+    """
+
+    _FLUSH_SECS = 5
 
     def __init__(self, experiment_dir: Path, run_config: dict[str, Any] | None) -> None:
-        from tensorboardX import SummaryWriter
-
         logging.getLogger("tensorboardX.x2num").addFilter(_drop_tensorboardx_nan_warning)
         self.log_dir = experiment_dir / "tensorboard"
-        self._writer = SummaryWriter(logdir=str(self.log_dir))
+        self._writer: Any = None
+        self._opened = 0
         if run_config is not None:
             text = json.dumps(run_config, indent=2)
             # Indented lines render as a code block in TensorBoard's text (markdown) tab.
-            self._writer.add_text("run_config", "\n".join("    " + ln for ln in text.splitlines()))
+            self._open().add_text("run_config", "\n".join("    " + ln for ln in text.splitlines()))
+        else:
+            self._open()
+
+    def _open(self) -> Any:
+        if self._writer is None:
+            from tensorboardX import SummaryWriter
+
+            # Event files are named by second and host; the suffix keeps a reopened
+            # writer (same second) from truncating the previous file.
+            self._opened += 1
+            self._writer = SummaryWriter(
+                logdir=str(self.log_dir),
+                flush_secs=self._FLUSH_SECS,
+                filename_suffix=f".{os.getpid()}.{self._opened}",
+            )
+        return self._writer
 
     def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
+        writer = self._open()
         for key, value in metrics.items():
-            self._writer.add_scalar(key, value, global_step=step)
+            writer.add_scalar(key, value, global_step=step)
 
     def flush(self) -> None:
-        self._writer.flush()
+        self.close()  # everything logged so far is on disk when this returns
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.close()
 
 
 # The wandb and swanlab writers cannot be exercised in CI, where neither package is

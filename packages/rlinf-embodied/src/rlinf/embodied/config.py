@@ -28,14 +28,15 @@ import importlib.util
 import math
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlinf.core.config import ConfigError, ConfigIssue, RLinfModel, RunnerConfig
 from rlinf.core.config.errors import NO_VALUE
 from rlinf.embodied.envs.config import EnvConfig
 from rlinf.embodied.models.config import PolicyConfig
+from rlinf.sched.config import ClusterConfig
 
 __all__ = [
     "ActorConfig",
@@ -85,7 +86,7 @@ def import_plugins(modules: list[str]) -> None:
             ) from exc
 
 
-class EmbodiedClusterConfig(RLinfModel):
+class EmbodiedClusterConfig(ClusterConfig):
     """Where the groups run (``cluster``).
 
     ``component_placement`` maps ``actor``, ``env`` and ``rollout`` (alone or
@@ -93,37 +94,10 @@ class EmbodiedClusterConfig(RLinfModel):
     or CPU slots when ``cpu_slots_per_node`` > 0 on a CPU machine.
     """
 
-    num_nodes: int = Field(1, ge=1, description="Nodes the run needs.")
-    component_placement: dict[str, Any] = Field(
-        ..., description="Component names -> resource ranks (the placement grammar)."
+    components: ClassVar[tuple[str, ...]] = COMPONENTS
+    placement_examples: ClassVar[str] = (
+        "'actor,env,rollout: 0' (collocated) or actor: 0-1, env: 0, rollout: 1 (hybrid)"
     )
-    cpu_slots_per_node: int = Field(
-        0, ge=0, description="CPU machines: resource ranks per node (0: one per node)."
-    )
-    node_groups: list[dict[str, Any]] | None = Field(
-        None, description="Labelled node sets with per-node environments (optional)."
-    )
-
-    @field_validator("component_placement")
-    @classmethod
-    def _check_placement(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from rlinf.sched.placement.grammar import parse_component_placement
-
-        specs = parse_component_placement(value)
-        names = [n for spec in specs for n in spec.names]
-        unknown = sorted(set(names) - set(COMPONENTS))
-        missing = [c for c in COMPONENTS if c not in names]
-        if unknown:
-            raise ValueError(
-                f"names unknown components {unknown}; an embodied run places "
-                f"{', '.join(COMPONENTS)} (e.g. actor: 0-1, env: 0, rollout: 1)"
-            )
-        if missing:
-            raise ValueError(
-                f"does not place {missing}; add them, e.g. 'actor,env,rollout: 0' "
-                "(collocated) or actor: 0-1, env: 0, rollout: 1 (hybrid)"
-            )
-        return value
 
 
 class EmbodiedRunnerConfig(RunnerConfig):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import time
 import uuid
@@ -41,6 +40,12 @@ from typing import Any
 import numpy as np
 
 from rlinf.core.channel import Channel
+from rlinf.core.checkpoint import (
+    find_latest_checkpoint,
+    mark_complete,
+    resolve_resume_dir,
+    step_dir,
+)
 from rlinf.core.logging import get_logger
 from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
@@ -56,21 +61,6 @@ from rlinf.sched import GroupFuture, WorkerGroup
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
 _log = get_logger("rlinf.embodied.runner")
-
-_COMPLETE = "COMPLETE"
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
-
-
-def find_latest_checkpoint(checkpoint_root: Path) -> Path | None:
-    """The newest complete ``global_step_N`` folder under ``checkpoint_root``, or None."""
-    if not checkpoint_root.is_dir():
-        return None
-    found = []
-    for child in checkpoint_root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / _COMPLETE).exists():
-            found.append((int(match.group(1)), child))
-    return max(found)[1] if found else None
 
 
 def _devices(group: WorkerGroup) -> set[tuple[Any, ...]]:
@@ -252,24 +242,14 @@ class EmbodiedRunner:
 
     def _resume(self) -> None:
         resume = self.cfg.runner.resume_dir
-        if resume is None:
-            return
-        if resume == "auto":
-            path = find_latest_checkpoint(self.checkpoint_root)
-            if path is None:
+        path = resolve_resume_dir(resume, self.checkpoint_root)
+        if path is None:
+            if resume is not None:
                 _log.info(
                     "runner.resume_dir=auto: no checkpoint in %s, starting fresh",
                     self.checkpoint_root,
                 )
-                return
-        else:
-            path = Path(resume)
-            if not (path / _COMPLETE).exists():
-                raise FileNotFoundError(
-                    f"runner.resume_dir={str(resume)!r} is not a complete checkpoint folder "
-                    f"(expected {path / _COMPLETE}); point it at .../checkpoints/global_step_N "
-                    "or use 'auto'"
-                )
+            return
         steps = self._wait(
             [self.actor.load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
         )
@@ -357,7 +337,7 @@ class EmbodiedRunner:
         Returns:
             The checkpoint folder.
         """
-        path = self.checkpoint_root / f"global_step_{self.global_step}"
+        path = step_dir(self.checkpoint_root, self.global_step)
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
@@ -369,7 +349,7 @@ class EmbodiedRunner:
         )
         state = {"global_step": self.global_step, "total_env_steps": self.total_env_steps}
         (path / "runner.json").write_text(json.dumps(state))
-        (path / _COMPLETE).write_text("")
+        mark_complete(path, self.global_step)
         return path
 
     def _worker_timings(self) -> dict[str, float]:

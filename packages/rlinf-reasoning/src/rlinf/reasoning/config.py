@@ -26,13 +26,14 @@ once the placement is known (the runner calls it).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlinf.core.config import RLinfModel, RunnerConfig
 from rlinf.reasoning.data.config import DataConfig
 from rlinf.reasoning.reward.config import RewardConfig
+from rlinf.sched.config import ClusterConfig
 
 __all__ = [
     "COMPONENTS",
@@ -52,7 +53,7 @@ COMPONENTS = ("actor", "rollout", "reward")
 KLKind = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]
 
 
-class ReasoningClusterConfig(RLinfModel):
+class ReasoningClusterConfig(ClusterConfig):
     """Where the groups run (``cluster``).
 
     ``component_placement`` maps ``actor``, ``rollout`` and ``reward`` (alone or
@@ -62,41 +63,15 @@ class ReasoningClusterConfig(RLinfModel):
     locks); on disjoint ranks it is *disaggregated* (the stages overlap).
     """
 
-    num_nodes: int = Field(1, ge=1, description="Nodes the run needs.")
-    component_placement: dict[str, Any] = Field(
-        ..., description="Component names -> resource ranks (the placement grammar)."
+    components: ClassVar[tuple[str, ...]] = COMPONENTS
+    placement_examples: ClassVar[str] = (
+        "'actor,rollout,reward: all' (collocated) or actor: 0, rollout: 1, reward: 1 "
+        "(disaggregated)"
     )
-    cpu_slots_per_node: int = Field(
-        0, ge=0, description="CPU machines: resource ranks per node (0: one per node)."
-    )
-    node_groups: list[dict[str, Any]] | None = Field(
-        None, description="Labelled node sets with per-node environments (optional)."
-    )
+
     torch_threads: int = Field(
         1, ge=0, description="torch CPU threads per worker process (0: torch's default)."
     )
-
-    @field_validator("component_placement")
-    @classmethod
-    def _check_placement(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from rlinf.sched.placement.grammar import parse_component_placement
-
-        specs = parse_component_placement(value)
-        names = [n for spec in specs for n in spec.names]
-        unknown = sorted(set(names) - set(COMPONENTS))
-        missing = [c for c in COMPONENTS if c not in names]
-        if unknown:
-            raise ValueError(
-                f"names unknown components {unknown}; a reasoning run places "
-                f"{', '.join(COMPONENTS)} (e.g. 'actor,rollout,reward: all' collocated, "
-                "or actor: 0, rollout: 1, reward: 1 disaggregated)"
-            )
-        if missing:
-            raise ValueError(
-                f"does not place {missing}; add them, e.g. 'actor,rollout,reward: all' "
-                "(collocated) or actor: 0, rollout: 1, reward: 1 (disaggregated)"
-            )
-        return value
 
 
 class ReasoningRunnerConfig(RunnerConfig):

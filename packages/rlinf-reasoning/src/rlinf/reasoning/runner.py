@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import random
-import re
 import shutil
 import time
 import uuid
@@ -38,6 +36,14 @@ import numpy as np
 import torch
 
 from rlinf.core.channel import Channel
+from rlinf.core.checkpoint import (
+    find_latest_checkpoint,
+    mark_complete,
+    resolve_resume_dir,
+    rng_state,
+    set_rng_state,
+    step_dir,
+)
 from rlinf.core.logging import get_logger
 from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import progress_bar, rate_postfix
@@ -57,9 +63,6 @@ from rlinf.sched.placement import ModelParallelComponentPlacement
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
 
 _log = get_logger("rlinf.reasoning.runner")
-
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
-_COMPLETE = "COMPLETE"
 
 
 def launch_reasoning_groups(
@@ -124,27 +127,6 @@ def launch_reasoning_groups(
                 unlaunched[key].shutdown()
         raise errors[0]  # type: ignore[misc]
     return placement, unlaunched["actor"], unlaunched["rollout"], unlaunched["reward"]
-
-
-def find_latest_checkpoint(checkpoint_root: Path) -> Path | None:
-    """The complete ``global_step_N`` directory with the largest N, or None.
-
-    Args:
-        checkpoint_root: ``log_path/experiment_name/checkpoints``.
-
-    Returns:
-        The directory, or None when there is no complete checkpoint.
-    """
-    if not checkpoint_root.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for child in checkpoint_root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / _COMPLETE).is_file():
-            step = int(match.group(1))
-            if best is None or step > best[0]:
-                best = (step, child)
-    return None if best is None else best[1]
 
 
 def _wait_all(
@@ -300,24 +282,14 @@ class ReasoningRunner:
 
     def _resume(self) -> None:
         resume = self.cfg.runner.resume_dir
-        if resume is None:
-            return
-        if resume == "auto":
-            path = find_latest_checkpoint(self.checkpoint_root)
-            if path is None:
+        path = resolve_resume_dir(resume, self.checkpoint_root)
+        if path is None:
+            if resume is not None:
                 _log.info(
                     "runner.resume_dir=auto: no checkpoint in %s; starting fresh",
                     self.checkpoint_root,
                 )
-                return
-        else:
-            path = Path(resume).expanduser()
-            if not (path / _COMPLETE).is_file():
-                raise FileNotFoundError(
-                    f"runner.resume_dir={str(resume)!r} is not a complete checkpoint directory "
-                    f"(no {_COMPLETE} marker); pass a global_step_N directory under "
-                    f"{self.checkpoint_root}, 'auto', or null"
-                )
+            return
         self.load_checkpoint(path)
 
     # ------------------------------------------------------------------ data
@@ -566,7 +538,7 @@ class ReasoningRunner:
             The checkpoint directory.
         """
         step = self.global_step
-        path = self.checkpoint_root / f"global_step_{step}"
+        path = step_dir(self.checkpoint_root, step)
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
@@ -574,17 +546,13 @@ class ReasoningRunner:
         state = {
             "global_step": step,
             "sampler": self.sampler.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-            },
+            "rng": rng_state(),
         }
         torch.save(state, path / "runner.pt")
         (path / "runner.json").write_text(
             json.dumps({"global_step": step, "sampler": self.sampler.state_dict()}, indent=2) + "\n"
         )
-        (path / _COMPLETE).write_text(f"{step}\n")
+        mark_complete(path, step)
         _log.info("saved checkpoint %s", path)
         return path
 
@@ -606,9 +574,7 @@ class ReasoningRunner:
             )
         self.sampler.load_state_dict(state["sampler"])
         self._order = iter(self.sampler)
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
         self.synced_version = None
         _log.info("resumed from %s at step %d", path, self.global_step)

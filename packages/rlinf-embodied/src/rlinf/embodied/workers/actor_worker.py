@@ -22,14 +22,12 @@ global step as version (:meth:`sync_model_to_rollout`).
 from __future__ import annotations
 
 import math
-import random
 import warnings
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -52,6 +50,7 @@ from rlinf.core.algorithms import (
     value_loss,
 )
 from rlinf.core.channel import Channel
+from rlinf.core.checkpoint import rng_state, set_rng_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, OptimConfig
 from rlinf.embodied.models import BasePolicy, build_policy
@@ -554,7 +553,7 @@ class EmbodiedFSDPActor(Worker):
                     },
                     folder / "state.pt",
                 )
-            torch.save(_rng_state(), folder / f"rng_rank{self.rank}.pt")
+            torch.save(rng_state(), folder / f"rng_rank{self.rank}.pt")
             if self.world_size > 1:
                 dist.barrier()
 
@@ -577,7 +576,7 @@ class EmbodiedFSDPActor(Worker):
         scheduler.load_state_dict(state["scheduler"])
         rng_file = folder / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, weights_only=False))
         if self._offload:
             self.offload()
         self.global_step = int(state["global_step"])
@@ -606,22 +605,3 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

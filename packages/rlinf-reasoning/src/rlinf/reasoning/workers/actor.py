@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -50,6 +48,7 @@ from rlinf.core.algorithms import (
     masked_mean,
 )
 from rlinf.core.channel import Channel
+from rlinf.core.checkpoint import rng_state, set_rng_state
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.models import (
@@ -647,7 +646,7 @@ class FSDPActor(Worker):
             "version": self.version,
             "optim_steps": self._optim_steps,
             "scheduler": self.scheduler.state_dict(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
         torch.save(extra, root / f"extra_rank{self.rank}.pt")
         full = get_model_state_dict(
@@ -705,7 +704,7 @@ class FSDPActor(Worker):
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = int(extra["version"])
         self._optim_steps = int(extra["optim_steps"])
-        _set_rng_state(extra["rng"])
+        set_rng_state(extra["rng"])
         if self._offload_enabled:
             self.offload()
         return int(extra["step"])
@@ -726,25 +725,6 @@ class FSDPActor(Worker):
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         super().teardown()
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -213,6 +213,35 @@ def parse_rank_map(
     return out
 
 
+def check_rank_map_syntax(rank_map: str, where: str = "placement") -> None:
+    """Checks a rank map's grammar without a cluster (sizes are checked at placement).
+
+    Args:
+        rank_map: The rank-map text, e.g. ``"0-1:0-3,2"`` or ``"all"``.
+        where: Prefix naming the config entry in error messages.
+
+    Raises:
+        ValueError: On an empty segment, more than one ``:``, or a range that is
+            not ``a``, ``a-b`` (or ``all`` for resources); the message shows the
+            segment.
+    """
+    for raw_seg in rank_map.split(","):
+        seg = raw_seg.strip()
+        at = f"{where}={rank_map!r}, segment {seg!r}"
+        if not seg:
+            raise ValueError(
+                f"{where}={rank_map!r} has an empty segment; segments are comma-separated "
+                "'resources[:processes]'"
+            )
+        if seg.count(":") > 1:
+            raise ValueError(f"{at}: use at most one ':' (resources:processes)")
+        res_txt, colon, proc_txt = seg.partition(":")
+        if res_txt.strip() != _ALL:
+            _parse_range(at, res_txt, None)
+        if colon:
+            _parse_range(at, proc_txt, None)
+
+
 def parse_component_placement(config: Mapping[str, Any]) -> list[ComponentSpec]:
     """Parse a whole ``component_placement`` mapping (no cluster needed).
 
