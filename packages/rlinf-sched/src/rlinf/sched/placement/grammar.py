@@ -20,7 +20,7 @@ previous segment. Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +145,22 @@ def _parse_range(where: str, text: str, num_resources: int | None) -> range:
     return range(lo, hi + 1)
 
 
+def _segments(rank_map: str, where: str) -> Iterator[tuple[str, str, str, str]]:
+    """Splits a rank map into ``(where-label, resources, ':' or '', processes)`` per segment."""
+    for raw_seg in rank_map.split(","):
+        seg = raw_seg.strip()
+        at = f"{where}={rank_map!r}, segment {seg!r}"
+        if not seg:
+            raise ValueError(
+                f"{where}={rank_map!r} has an empty segment; segments are comma-separated "
+                "'resources[:processes]'"
+            )
+        if seg.count(":") > 1:
+            raise ValueError(f"{at}: use at most one ':' (resources:processes)")
+        res_txt, colon, proc_txt = seg.partition(":")
+        yield at, res_txt, colon, proc_txt
+
+
 def parse_rank_map(
     rank_map: str, num_resources: int, where: str = "placement", resources: str = ""
 ) -> list[list[int]]:
@@ -167,17 +183,7 @@ def parse_rank_map(
     valid = f"0-{num_resources - 1}" if num_resources else "none"
     out: list[list[int]] = []
     prev_res = -1
-    for raw_seg in rank_map.split(","):
-        seg = raw_seg.strip()
-        at = f"{where}={rank_map!r}, segment {seg!r}"
-        if not seg:
-            raise ValueError(
-                f"{where}={rank_map!r} has an empty segment; segments are comma-separated "
-                "'resources[:processes]'"
-            )
-        if seg.count(":") > 1:
-            raise ValueError(f"{at}: use at most one ':' (resources:processes)")
-        res_txt, colon, proc_txt = seg.partition(":")
+    for at, res_txt, colon, proc_txt in _segments(rank_map, where):
         if res_txt.strip() == _ALL and num_resources == 0:
             raise ValueError(f"{at}: 'all' selects nothing, there are {desc}")
         res = _parse_range(at, res_txt, num_resources)
@@ -225,17 +231,7 @@ def check_rank_map_syntax(rank_map: str, where: str = "placement") -> None:
             not ``a``, ``a-b`` (or ``all`` for resources); the message shows the
             segment.
     """
-    for raw_seg in rank_map.split(","):
-        seg = raw_seg.strip()
-        at = f"{where}={rank_map!r}, segment {seg!r}"
-        if not seg:
-            raise ValueError(
-                f"{where}={rank_map!r} has an empty segment; segments are comma-separated "
-                "'resources[:processes]'"
-            )
-        if seg.count(":") > 1:
-            raise ValueError(f"{at}: use at most one ':' (resources:processes)")
-        res_txt, colon, proc_txt = seg.partition(":")
+    for at, res_txt, colon, proc_txt in _segments(rank_map, where):
         if res_txt.strip() != _ALL:
             _parse_range(at, res_txt, None)
         if colon:
