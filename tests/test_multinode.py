@@ -41,6 +41,20 @@ class Node(Worker):
     def bcast(self, obj: object, groups: list) -> object:
         return self.broadcast(obj, groups)
 
+    def all_reduce_rank(self) -> float:
+        """gloo all_reduce over MASTER_ADDR/MASTER_PORT set by the group launch."""
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        try:
+            value = torch.tensor([float(self.rank)])
+            dist.all_reduce(value)
+            return float(value.item())
+        finally:
+            dist.destroy_process_group()
+
     def make_channel(self, name: str) -> None:
         self.create_channel(name).put(np.arange(5), key="k")
 
@@ -125,3 +139,22 @@ def test_groups_across_nodes_send_both_ways(two_nodes) -> None:
     finally:
         near.shutdown()
         far.shutdown()
+
+
+def test_process_groups_on_the_far_node_and_across_nodes(two_nodes) -> None:
+    """MASTER_PORT is picked on rank 0's node, and gloo groups form from the launch env.
+
+    The "far1" group lives on node 1, so its port comes from a task pinned to node 1
+    (not from the driver on node 0); the "span" group has ranks on both nodes.
+    """
+    cluster = two_nodes
+    far1 = Node.create_group().launch(cluster, PackedPlacementStrategy(2, 3), name="far1")
+    span = Node.create_group().launch(cluster, PackedPlacementStrategy(1, 2), name="span")
+    try:
+        assert [w["CLUSTER_NODE_RANK"] for w in far1.where().wait(timeout=60)] == ["1", "1"]
+        assert [w["CLUSTER_NODE_RANK"] for w in span.where().wait(timeout=60)] == ["0", "1"]
+        assert far1.all_reduce_rank().wait(timeout=120) == [1.0, 1.0]
+        assert span.all_reduce_rank().wait(timeout=120) == [1.0, 1.0]
+    finally:
+        far1.shutdown()
+        span.shutdown()

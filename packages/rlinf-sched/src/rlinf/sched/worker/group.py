@@ -165,7 +165,7 @@ class WorkerGroup:
         if not placements:
             raise ValueError(f"placement strategy {placement_strategy!r} gave no placements")
         master = info.nodes[placements[0].node_rank]
-        master_port = _free_port()
+        master_port = _free_port_on(master.ray_node_id, timeout)
         group_nodes = sorted({p.node_rank for p in placements})
         actors = []
         for p in placements:
@@ -338,3 +338,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def _free_port_on(ray_node_id: str, timeout: float) -> int:
+    """A port that is free on the node of rank 0 (``MASTER_PORT``).
+
+    On the driver's node (or in fakes without a node id) the driver binds port 0
+    itself; on another node a small task pinned there does, so the port is
+    checked where the process group's store will listen.
+    """
+    if not ray_node_id or ray_node_id == ray.get_runtime_context().get_node_id():
+        return _free_port()
+    task = ray.remote(num_cpus=0)(_free_port).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
+    )
+    return int(ray.get(task.remote(), timeout=timeout))
