@@ -51,8 +51,9 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import rng_state, set_rng_state
+from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
-from rlinf.embodied.config import EmbodiedConfig, OptimConfig
+from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
     actor_pieces,
@@ -63,32 +64,7 @@ from rlinf.embodied.workers.common import (
 )
 from rlinf.sched import Worker
 
-__all__ = ["EmbodiedFSDPActor", "lr_lambda"]
-
-
-def lr_lambda(cfg: OptimConfig, total_steps: int) -> Any:
-    """The LR multiplier per training step for ``cfg.lr_scheduler``.
-
-    Args:
-        cfg: The optimizer config (schedule, warm-up, final ratio).
-        total_steps: Training steps of the run.
-
-    Returns:
-        A function ``step -> factor`` for ``torch.optim.lr_scheduler.LambdaLR``.
-    """
-    warmup, floor, kind = cfg.warmup_steps, cfg.min_lr_ratio, cfg.lr_scheduler
-
-    def factor(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        if kind == "linear":
-            return 1.0 - (1.0 - floor) * progress
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
+__all__ = ["EmbodiedFSDPActor"]
 
 
 class EmbodiedFSDPActor(Worker):
@@ -175,7 +151,10 @@ class EmbodiedFSDPActor(Worker):
             weight_decay=optim.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(optim, cfg.runner.total_steps)
+            self.optimizer,
+            lr_lambda(
+                optim.lr_scheduler, optim.warmup_steps, cfg.runner.total_steps, optim.min_lr_ratio
+            ),
         )
         self.global_step = 0
         self.batch = None
@@ -209,14 +188,14 @@ class EmbodiedFSDPActor(Worker):
             return
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
-            _move_optimizer_state(self.optimizer, torch.device("cpu"))
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
             torch.cuda.empty_cache()
         self._offloaded = True
 
     def onload(self) -> None:
         """Moves the optimizer state back to the device."""
         if self.optimizer is not None and self._offloaded and self.device.type == "cuda":
-            _move_optimizer_state(self.optimizer, self.device)
+            move_optimizer_state(self.optimizer, self.device)
         self._offloaded = False
 
     # ------------------------------------------------------------------ weights
@@ -598,10 +577,3 @@ def _clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) ->
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
     full = getattr(norm, "full_tensor", None)
     return float(full() if callable(full) else norm)
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device, non_blocking=True)

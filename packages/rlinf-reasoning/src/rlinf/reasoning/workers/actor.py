@@ -49,6 +49,7 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import rng_state, set_rng_state
+from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.models import (
@@ -157,7 +158,10 @@ class FSDPActor(Worker):
         )
         alg = cfg.algorithm
         self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epochs)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(opt.lr_scheduler, opt.warmup_steps, self.total_optim_steps, opt.min_lr_ratio),
+        )
         self.loss_fn = get_policy_loss(alg.loss_type)
         self.adv_fn = get_advantage(alg.adv_type)
         self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
@@ -184,20 +188,6 @@ class FSDPActor(Worker):
         fully_shard(model, mesh=self.mesh, reshard_after_forward=reshard)
         return model
 
-    def _lr_factor(self, step: int) -> float:
-        opt = self.cfg.actor.optim
-        if step < opt.warmup_steps:
-            return (step + 1) / opt.warmup_steps
-        if opt.lr_scheduler == "constant":
-            return 1.0
-        span = max(1, self.total_optim_steps - opt.warmup_steps)
-        progress = min(1.0, (step - opt.warmup_steps) / span)
-        if opt.lr_scheduler == "linear":
-            shape = 1.0 - progress
-        else:
-            shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return opt.min_lr_ratio + (1.0 - opt.min_lr_ratio) * shape
-
     # ------------------------------------------------------------ offload/onload
     def offload(self) -> None:
         """Moves parameters, gradients and optimizer state to the CPU (no-op on CPU)."""
@@ -220,10 +210,7 @@ class FSDPActor(Worker):
         self.model.to(device)
         if self.ref_model is not None:
             self.ref_model.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in list(state.items()):
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device)
+        move_optimizer_state(self.optimizer, device)
 
     # -------------------------------------------------------------- weight sync
     def _named_weights(self) -> list[tuple[str, torch.Tensor]]:
