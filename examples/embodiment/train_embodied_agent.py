@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     groups = []
     runner = None
     try:
-        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+        try:
+            placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+        except ValueError as exc:
+            print(f"cannot place the run on this cluster: {exc}", file=sys.stderr)
+            return 2
         actor = EmbodiedFSDPActor.create_group(cfg).launch(
             cluster, placement_strategy=placement.get_strategy("actor"), name="ActorGroup"
         )

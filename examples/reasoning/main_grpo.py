@@ -45,9 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args, ReasoningConfig)
     except ConfigError as err:
         print(err, file=sys.stderr)
-        return 1
+        return 2
     with Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster) as cluster:
-        placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
+        try:
+            placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
+        except ValueError as err:  # the placement or world sizes do not fit this cluster
+            print(f"cannot place the run on this cluster: {err}", file=sys.stderr)
+            return 2
         runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
         try:
             runner.init_workers()

@@ -136,3 +136,12 @@ def test_script_help_and_config_errors(capsys: pytest.CaptureFixture[str]) -> No
     assert script.main(["--config-name", "cartpole_ppo_mlp", "env.train.num_envs=15"]) == 2
     err = capsys.readouterr().err
     assert "env.train.num_envs" in err and "pipeline_stage_num" in err
+    # A placement that does not fit the machine: one clear line and exit code 2 after
+    # the cluster starts (sizes are known only then), and Ray is shut down again.
+    import ray
+
+    over = "cluster.component_placement.actor=0-5"
+    assert script.main(["--config-name", "cartpole_ppo_mlp", over]) == 2
+    err = capsys.readouterr().err
+    assert "cannot place the run on this cluster" in err and "resource rank 5 is out of range" in err
+    assert not ray.is_initialized()

@@ -126,7 +126,7 @@ def test_main_help_and_bad_override(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--config-name" in out and "--config-path" in out and "KEY=VALUE" in out
-    assert module.main(["--config-name", "toy_grpo_cpu", "algorithm.group_sise=4"]) == 1
+    assert module.main(["--config-name", "toy_grpo_cpu", "algorithm.group_sise=4"]) == 2
     assert "algorithm.group_size" in capsys.readouterr().err  # did-you-mean
 
 
