@@ -143,5 +143,6 @@ def test_script_help_and_config_errors(capsys: pytest.CaptureFixture[str]) -> No
     over = "cluster.component_placement.actor=0-5"
     assert script.main(["--config-name", "cartpole_ppo_mlp", over]) == 2
     err = capsys.readouterr().err
-    assert "cannot place the run on this cluster" in err and "resource rank 5 is out of range" in err
+    assert "cannot place the run on this cluster" in err
+    assert "resource rank 5 is out of range" in err
     assert not ray.is_initialized()
