@@ -62,3 +62,13 @@ def test_rng_round_trip() -> None:
     set_rng_state(state)
     again = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     assert again == first
+
+
+def test_rng_state_without_cuda_leaves_the_gpus_alone() -> None:
+    """A driver saves its RNG with cuda=False: no CUDA generator is read (or initialised)."""
+    torch = pytest.importorskip("torch")
+    state = rng_state(cuda=False)
+    assert "cuda" not in state
+    set_rng_state(state)
+    if not torch.cuda.is_available():
+        assert "cuda" not in rng_state()

@@ -44,7 +44,7 @@ def test_custom_reward_that_breaks_the_contract_fails_at_launch() -> None:
     from rlinf.reasoning.runner import launch_reasoning_groups
 
     class WrongEvaluate(RewardWorker):
-        def evaluate(self, outputs):  # type: ignore[no-untyped-def, override]
+        def evaluate(self):  # type: ignore[no-untyped-def, override]  # drops the results
             return []
 
     with pytest.raises(

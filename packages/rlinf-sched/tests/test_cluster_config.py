@@ -46,6 +46,9 @@ def test_base_class_accepts_any_component_names() -> None:
         ("0:1:2", "at most one ':'"),
         ("3-1", "runs backwards"),
         ("0-3:all", "process ranks may not be 'all'"),
+        ("1,0", "unique and ascending"),
+        ("0:1", "contiguous and ascending from 0"),
+        ("0-2:0-1", "one count must divide the other"),
     ],
 )
 def test_rank_map_grammar_is_checked_without_a_cluster(rank_map: str, fragment: str) -> None:

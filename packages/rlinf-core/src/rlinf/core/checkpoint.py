@@ -96,8 +96,14 @@ def resolve_resume_dir(
     return path
 
 
-def rng_state() -> dict[str, Any]:
-    """The Python, numpy, torch (and CUDA, when available) RNG states of this process."""
+def rng_state(cuda: bool = True) -> dict[str, Any]:
+    """The Python, numpy and torch RNG states of this process (and CUDA's).
+
+    Args:
+        cuda: Include the CUDA generators when a GPU is visible. Pass False in a
+            process that should not touch the GPUs (a driver): reading them
+            initialises CUDA there.
+    """
     import torch
 
     state: dict[str, Any] = {
@@ -105,17 +111,22 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores what :func:`rng_state` returned (CUDA only when saved and available)."""
+    """Restores what :func:`rng_state` returned.
+
+    CUDA generators are restored when they were saved and a GPU is visible, for
+    as many devices as both sides have (a resume may see fewer or more GPUs).
+    """
     import torch
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, device)

@@ -163,7 +163,7 @@ class _TensorBoardBackend:
             self._writer = SummaryWriter(
                 logdir=str(self.log_dir),
                 flush_secs=self._FLUSH_SECS,
-                filename_suffix=f".{os.getpid()}.{self._opened}",
+                filename_suffix=f".{os.getpid()}.{self._opened:06d}",  # sorts in order
             )
         return self._writer
 

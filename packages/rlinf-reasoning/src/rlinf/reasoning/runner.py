@@ -546,7 +546,7 @@ class ReasoningRunner:
         state = {
             "global_step": step,
             "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_state(cuda=False),  # the driver leaves the GPUs to the workers
         }
         torch.save(state, path / "runner.pt")
         (path / "runner.json").write_text(

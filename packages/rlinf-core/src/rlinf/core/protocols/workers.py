@@ -195,51 +195,48 @@ def _protocol_methods(protocol: type) -> dict[str, inspect.Signature]:
 
 
 def check_implements(cls: type, protocol: type) -> None:
-    """Checks that ``cls`` has every method of ``protocol``, callable as the protocol calls it.
+    """Checks that ``cls`` has every method of ``protocol``, callable as the runner calls it.
 
-    A method must exist and accept the protocol's parameters by name (extra
-    parameters need defaults; ``*args``/``**kwargs`` accept anything).
+    Runners pass every argument positionally (a group call forwards them to each
+    rank), so each method must accept the protocol's arguments, optional ones
+    included, as positional arguments: extra parameters need defaults,
+    ``*args`` accepts anything, keyword-only parameters without defaults fail.
+    Names may differ. Static and class methods are allowed; properties and
+    plain attributes are not.
 
     Args:
-        cls: The worker class (not an instance; Ray actor classes are unwrapped by
-            the caller).
+        cls: The worker class (not an instance).
         protocol: One of the role protocols in this module.
 
     Raises:
-        TypeError: Naming every missing or incompatible method and the fix.
+        TypeError: Naming every missing or incompatible method, the expected
+            signature and the fix.
     """
     problems: list[str] = []
     for name, wanted in _protocol_methods(protocol).items():
-        impl = getattr(cls, name, None)
-        if impl is None or not callable(impl):
-            problems.append(f"missing method {name}{wanted}")
+        expected = f"{name}{wanted}"
+        try:
+            raw = inspect.getattr_static(cls, name)
+        except AttributeError:
+            problems.append(f"missing method {expected}")
             continue
+        if isinstance(raw, property) or not callable(getattr(cls, name)):
+            problems.append(f"{name} is a {type(raw).__name__}, not a method; expected {expected}")
+            continue
+        bound_to_class = isinstance(raw, staticmethod | classmethod)
+        impl = getattr(cls, name)  # unwraps static/class methods
         try:
             have = inspect.signature(impl)
         except (TypeError, ValueError):  # builtins without a signature: trust them
             continue
-        params = list(have.parameters.values())
-        kinds = {p.kind for p in params}
-        var_pos = inspect.Parameter.VAR_POSITIONAL in kinds
-        var_kw = inspect.Parameter.VAR_KEYWORD in kinds
-        names = {p.name for p in params}
-        wanted_names = [p for p in wanted.parameters if p != "self"]
-        absent = [p for p in wanted_names if p not in names and not (var_pos and var_kw)]
-        extra_required = [
-            p.name
-            for p in params
-            if p.name != "self"
-            and p.name not in wanted_names
-            and p.default is inspect.Parameter.empty
-            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        ]
-        if absent or extra_required:
-            detail = []
-            if absent:
-                detail.append(f"lacks parameter(s) {absent}")
-            if extra_required:
-                detail.append(f"requires parameter(s) {extra_required} the runner does not pass")
-            problems.append(f"{name}{have} {' and '.join(detail)}; expected {name}{wanted}")
+        n_args = len(wanted.parameters) - 1  # the protocol's arguments after self
+        placeholders = [object()] * (n_args if bound_to_class else n_args + 1)
+        try:
+            have.bind(*placeholders)
+        except TypeError as exc:
+            problems.append(
+                f"{name}{have} cannot be called as the runner calls it ({exc}); expected {expected}"
+            )
     if problems:
         raise TypeError(
             f"{cls.__module__}.{cls.__qualname__} does not implement {protocol.__name__}: "

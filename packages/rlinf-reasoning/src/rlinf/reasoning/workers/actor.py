@@ -325,11 +325,16 @@ class FSDPActor(Worker):
     def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
         size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
         out: list[torch.Tensor] = []
-        with torch.no_grad():
-            for i in range(0, len(samples), size):
-                chunk = samples[i : i + size]
-                lp, _, _ = self._forward_logprobs(model, chunk)
-                out += [lp[k, : s.response_length].float().cpu() for k, s in enumerate(chunk)]
+        was_training = model.training
+        model.eval()  # no dropout: these are the reference numbers for the ratio and KL
+        try:
+            with torch.no_grad():
+                for i in range(0, len(samples), size):
+                    chunk = samples[i : i + size]
+                    lp, _, _ = self._forward_logprobs(model, chunk)
+                    out += [lp[k, : s.response_length].float().cpu() for k, s in enumerate(chunk)]
+        finally:
+            model.train(was_training)
         return out
 
     def recompute_logprobs(self, results: list[RolloutResult]) -> list[list[float]]:
@@ -476,13 +481,15 @@ class FSDPActor(Worker):
                 self._advantages(samples, g)
             order = samples
             if shuffle:
-                logprobs_upto(len(samples))
-                gen = torch.Generator().manual_seed(
-                    cfg.runner.seed * 100_003 + step * 101 + self.rank
-                )
-                order = [samples[i] for i in torch.randperm(len(samples), generator=gen).tolist()]
+                logprobs_upto(len(samples))  # stored per sample, so any order is safe
             self.model.train()
             for epoch in range(alg.update_epochs):
+                if shuffle:  # a fresh seeded order each epoch
+                    gen = torch.Generator().manual_seed(
+                        cfg.runner.seed * 100_003 + step * 101 + self.rank + epoch * 7_919
+                    )
+                    perm = torch.randperm(len(samples), generator=gen).tolist()
+                    order = [samples[i] for i in perm]
                 for mb in range(alg.n_minibatches):
                     first = mb * per_mb_groups * g
                     n_micro = per_mb_groups * g // micro

@@ -220,22 +220,29 @@ def parse_rank_map(
 
 
 def check_rank_map_syntax(rank_map: str, where: str = "placement") -> None:
-    """Checks a rank map's grammar without a cluster (sizes are checked at placement).
+    """Checks a rank map without a cluster (only sizes are left for placement).
 
     Args:
         rank_map: The rank-map text, e.g. ``"0-1:0-3,2"`` or ``"all"``.
         where: Prefix naming the config entry in error messages.
 
     Raises:
-        ValueError: On an empty segment, more than one ``:``, or a range that is
-            not ``a``, ``a-b`` (or ``all`` for resources); the message shows the
-            segment.
+        ValueError: On an empty segment, more than one ``:``, a range that is
+            not ``a``, ``a-b`` (or ``all`` for resources), and (without ``all``)
+            resource ranks out of order, process ranks not contiguous from 0, or
+            counts that do not divide; the message shows the segment.
     """
+    highest = -1
+    uses_all = False
     for at, res_txt, colon, proc_txt in _segments(rank_map, where):
-        if res_txt.strip() != _ALL:
-            _parse_range(at, res_txt, None)
+        if res_txt.strip() == _ALL:
+            uses_all = True
+        else:
+            highest = max(highest, _parse_range(at, res_txt, None)[-1])
         if colon:
             _parse_range(at, proc_txt, None)
+    if not uses_all:  # order, contiguity and divisibility do not depend on the cluster
+        parse_rank_map(rank_map, highest + 1, where)
 
 
 def parse_component_placement(config: Mapping[str, Any]) -> list[ComponentSpec]:

@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlinf.core._native import segment_name
 from rlinf.core.channel import NAMESPACE_ENV, default_namespace
 from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
+from rlinf.sched.cluster_info import NodeInfo
 from rlinf.sched.comm.directory import get_directory
 from rlinf.sched.comm.p2p import inbox_name
 from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
@@ -165,7 +166,7 @@ class WorkerGroup:
         if not placements:
             raise ValueError(f"placement strategy {placement_strategy!r} gave no placements")
         master = info.nodes[placements[0].node_rank]
-        master_port = _free_port_on(master.ray_node_id, timeout)
+        master_port = _free_port_on(master, timeout)
         group_nodes = sorted({p.node_rank for p in placements})
         actors = []
         for p in placements:
@@ -340,16 +341,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_port_on(ray_node_id: str, timeout: float) -> int:
+def _free_port_on(node: NodeInfo, timeout: float) -> int:
     """A port that is free on the node of rank 0 (``MASTER_PORT``).
 
     On the driver's node (or in fakes without a node id) the driver binds port 0
     itself; on another node a small task pinned there does, so the port is
-    checked where the process group's store will listen.
+    checked where the process group's store will listen. The task is
+    self-contained (only :mod:`socket`) and runs with the node's interpreter
+    and environment, like the workers.
     """
-    if not ray_node_id or ray_node_id == ray.get_runtime_context().get_node_id():
+    if not node.ray_node_id or node.ray_node_id == ray.get_runtime_context().get_node_id():
         return _free_port()
-    task = ray.remote(num_cpus=0)(_free_port).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
+
+    def probe() -> int:
+        import socket as socket_module
+
+        with socket_module.socket() as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    runtime_env: dict[str, Any] = {"env_vars": dict(node.env_vars)}
+    if node.python_interpreter_path:
+        runtime_env["py_executable"] = node.python_interpreter_path
+    task = ray.remote(num_cpus=0)(probe).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False),
+        runtime_env=runtime_env,
     )
     return int(ray.get(task.remote(), timeout=timeout))
