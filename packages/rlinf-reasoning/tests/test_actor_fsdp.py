@@ -7,6 +7,7 @@ lookup is stubbed out so no Ray instance starts.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import rlinf.sched.worker.worker as worker_module
-from rlinf.core.config import validate_config
+from rlinf.core.config import ConfigError, validate_config
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.engines import HFEngine, SamplingParams
@@ -235,3 +236,42 @@ def test_loss_options_train(toy: Path, make_actor: Any, algorithm: dict[str, Any
     assert actor.state_summary()["optim_steps"] == 2 * epochs
     # The first minibatch starts from the sampling weights: ratio 1 before any update.
     assert train["actor/logprob_diff_max"] < 1e-4
+
+
+def _shift_rollout_logprobs(groups: list[RolloutResult], delta: float) -> list[RolloutResult]:
+    """The same groups as if the engine had reported logprobs ``delta`` higher."""
+    for g in groups:
+        g.rollout_logprobs = [[lp + delta for lp in row] for row in g.rollout_logprobs]
+    return groups
+
+
+def test_truncated_importance_sampling_weights(toy: Path, make_actor: Any) -> None:
+    cfg = _cfg(toy, importance_sampling_fix=True, importance_sampling_clip=2.0)
+    actor = make_actor(cfg)
+    # At the step's start the recomputed logprobs equal the engine's (to 1e-6). An engine
+    # that under-reports by 1 nat (groups 0-1, micro-batch 0) gives weights exp(1) = 2.72,
+    # truncated to 2; by 0.25 nat (groups 2-3, micro-batch 1) exp(0.25), untruncated.
+    groups = _groups(toy, 1.0)[:4]
+    _shift_rollout_logprobs(groups[:2], -1.0)
+    _shift_rollout_logprobs(groups[2:], -0.25)
+    train = actor.run_training(_ListChannel(groups), 0)["train"]
+    expected = (2.0 + math.exp(0.25)) / 2  # mean of the two micro-batch means
+    assert train["actor/is_weight_mean"] == pytest.approx(expected, abs=1e-5)
+    raw = cfg.model_dump(mode="json")
+    raw["actor"]["recompute_logprobs"] = False
+    with pytest.raises(ConfigError, match=r"actor\.recompute_logprobs: true"):
+        validate_config(raw, ReasoningConfig)
+
+
+def test_early_stop_drops_microbatches_whose_ratio_drifted(toy: Path, make_actor: Any) -> None:
+    # Without recompute the ratio is taken against the engine's logprobs; an engine that
+    # under-reports by 1 nat makes every ratio e = 2.72 > 2: no micro-batch is trained on.
+    cfg = _cfg(toy, early_stop_imp_ratio=2.0)
+    cfg.actor.recompute_logprobs = False
+    actor = make_actor(cfg)
+    shifted = _shift_rollout_logprobs(_groups(toy, 1.0)[:4], -1.0)
+    train = actor.run_training(_ListChannel(shifted), 0)["train"]
+    assert train["actor/early_stopped"] == 1.0 and train["actor/grad_norm"] == 0.0
+    # Engine logprobs as reported: ratio 1 on the first minibatch, trained normally.
+    train = actor.run_training(_ListChannel(_groups(toy, 1.0)[:4]), 1)["train"]
+    assert train["actor/early_stopped"] == 0.0 and train["actor/grad_norm"] > 0.0

@@ -175,6 +175,20 @@ class AlgorithmConfig(RLinfModel):
         "k3", description="KL estimator: k1 (kl), k2 (mse), k3 (low_var_kl) or abs."
     )
     entropy_bonus: float = Field(0.0, ge=0, description="Entropy coefficient (subtracted).")
+    importance_sampling_fix: bool = Field(
+        False,
+        description="Truncated IS: multiply advantages by min(exp(recomputed - rollout "
+        "logprobs), importance_sampling_clip); needs actor.recompute_logprobs.",
+    )
+    importance_sampling_clip: float = Field(
+        2.0, gt=0, description="Upper bound of a truncated-IS weight."
+    )
+    early_stop_imp_ratio: float | None = Field(
+        None,
+        gt=1,
+        description="Drop a micro-batch's loss when its mean ratio (over data-parallel "
+        "ranks) exceeds this; null disables.",
+    )
     sampling_params: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
     val_sampling_params: SamplingConfig | None = Field(
         None,
@@ -354,6 +368,12 @@ class ReasoningConfig(RLinfModel):
                 f"{runner.val_check_interval}, runner.val_before_train="
                 f"{runner.val_before_train}); list the held-out files, or set "
                 "runner.val_check_interval: -1 and runner.val_before_train: false"
+            )
+        if alg.importance_sampling_fix and not actor.recompute_logprobs:
+            raise ValueError(
+                "algorithm.importance_sampling_fix=true compares the actor's recomputed "
+                "logprobs with the engine's, but actor.recompute_logprobs is false; set "
+                "actor.recompute_logprobs: true or importance_sampling_fix: false"
             )
         if alg.kl_beta > 0 and alg.is_reinpp:
             raise ValueError(

@@ -11,7 +11,8 @@ Registries resolve ``algorithm.adv_type`` and ``algorithm.loss_type``::
 Modules: ``registry`` (name tables), ``inputs`` (estimator inputs/outputs),
 ``embodied_advantages`` / ``reasoning_advantages`` (the math),
 ``advantages`` (the registered estimators), ``loss_mask``, ``losses``, ``kl``,
-``entropy``, ``utils`` (masked reductions, whitening, loss aggregation).
+``entropy``, ``off_policy`` (truncated IS, ratio early stop), ``utils`` (masked
+reductions, whitening, loss aggregation).
 See ``docs/algorithms.md``.
 """
 
@@ -45,6 +46,7 @@ from rlinf.core.algorithms.inputs import (
 from rlinf.core.algorithms.kl import KL_KINDS, kl_penalty
 from rlinf.core.algorithms.loss_mask import LossMask, compute_loss_mask
 from rlinf.core.algorithms.losses import explained_variance, ppo_policy_loss, value_loss
+from rlinf.core.algorithms.off_policy import early_stop_ratio_exceeded, truncated_is_weights
 from rlinf.core.algorithms.reasoning_advantages import (
     compute_grpo_advantages,
     compute_reinforce_plus_plus,
@@ -91,6 +93,7 @@ __all__ = [
     "compute_grpo_advantages",
     "compute_loss_mask",
     "compute_reinforce_plus_plus",
+    "early_stop_ratio_exceeded",
     "entropy_from_logits",
     "explained_variance",
     "gae_advantage",
@@ -108,5 +111,6 @@ __all__ = [
     "register_policy_loss",
     "reinforce_plus_plus_advantage",
     "resize_loss_mask",
+    "truncated_is_weights",
     "value_loss",
 ]

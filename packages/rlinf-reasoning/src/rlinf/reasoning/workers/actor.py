@@ -42,10 +42,12 @@ from torch import nn
 from rlinf.core.algorithms import (
     ReasoningAdvantageInputs,
     agg_loss,
+    early_stop_ratio_exceeded,
     get_advantage,
     get_policy_loss,
     kl_penalty,
     masked_mean,
+    truncated_is_weights,
 )
 from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import rng_state, set_rng_state
@@ -370,6 +372,14 @@ class FSDPActor(Worker):
             )
         return out
 
+    def _all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Mean of ``tensor`` over the actor ranks (itself when there is one rank)."""
+        if self.world_size == 1:
+            return tensor
+        out = tensor.to(self.device).clone()
+        dist.all_reduce(out)
+        return out / self.world_size
+
     def _advantages(self, samples: list[Sample], group_size: int) -> None:
         """Fills ``advantages`` of whole groups (``len(samples)`` a multiple of G)."""
         alg = self.cfg.algorithm
@@ -541,6 +551,12 @@ class FSDPActor(Worker):
         width = mask.shape[1]
         old = pad_rows([s.old_logprobs for s in batch], width).to(self.device)
         adv = pad_rows([s.advantages for s in batch], width).to(self.device)
+        rollout_lp = pad_rows([s.rollout_logprobs for s in batch], width).to(self.device)
+        extra: dict[str, float] = {}
+        if alg.importance_sampling_fix:  # old = the actor's recomputation (config check)
+            weights = truncated_is_weights(old, rollout_lp, alg.importance_sampling_clip, mask)
+            adv = adv * weights
+            extra["actor/is_weight_mean"] = float(masked_mean(weights, mask))
         loss, metrics = self.loss_fn(
             logprobs=lp,
             old_logprobs=old,
@@ -561,10 +577,17 @@ class FSDPActor(Worker):
             ent_loss = agg_loss(ent, mask, alg.loss_agg_mode)
             loss = loss - alg.entropy_bonus * ent_loss
             out["actor/entropy_loss"] = float(ent_loss.detach())
+        out.update(extra)
+        if alg.early_stop_imp_ratio is not None:
+            stop, _ = early_stop_ratio_exceeded(
+                lp, old, mask, alg.early_stop_imp_ratio, self._all_reduce_mean
+            )
+            out["actor/early_stopped"] = float(stop)
+            if stop:  # still backward (zero gradient): every rank runs the same collectives
+                loss = loss * 0.0
         (loss / n_micro).backward()  # type: ignore[no-untyped-call]
         out["actor/final_loss"] = float(loss.detach())
         with torch.no_grad():
-            rollout_lp = pad_rows([s.rollout_logprobs for s in batch], width).to(self.device)
             diff = (old - rollout_lp).abs()
             out["actor/rollout_train_kl"] = float(masked_mean(diff, mask))
             out["actor/logprob_diff_max"] = float(diff.max()) if mask.any() else 0.0
