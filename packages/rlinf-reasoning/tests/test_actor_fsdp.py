@@ -7,6 +7,7 @@ lookup is stubbed out so no Ray instance starts.
 
 from __future__ import annotations
 
+import copy
 import math
 import socket
 from collections.abc import Iterator
@@ -275,3 +276,40 @@ def test_early_stop_drops_microbatches_whose_ratio_drifted(toy: Path, make_actor
     # Engine logprobs as reported: ratio 1 on the first minibatch, trained normally.
     train = actor.run_training(_ListChannel(_groups(toy, 1.0)[:4]), 1)["train"]
     assert train["actor/early_stopped"] == 0.0 and train["actor/grad_norm"] > 0.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`:UserWarning")
+def test_valid_token_scale_makes_the_update_independent_of_micro_batching(
+    toy: Path, make_actor: Any
+) -> None:
+    """DAPO token-level loss: the minibatch gradient is the mean over all its valid tokens.
+
+    Plain SGD (linear in the gradient) replaces AdamW so updates can be compared.
+    One micro-batch of 16 and four of 4 with the valid-token scale give the same
+    weights; four of 4 without it weight short and long micro-batches alike.
+    """
+    groups = _groups(toy, 1.0)[:4]
+    lengths = [len(ids) for g in groups for ids in g.response_ids]
+    per_micro = [sum(lengths[i : i + 4]) for i in range(0, 16, 4)]
+    assert len(set(per_micro)) > 1, per_micro  # otherwise every variant agrees
+
+    def weights_after(micro: int, scale: bool) -> dict[str, torch.Tensor]:
+        cfg = _cfg(toy, use_valid_token_scale=scale)
+        cfg.actor.micro_batch_size = micro
+        actor = make_actor(cfg)
+        actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
+        actor.run_training(_ListChannel(copy.deepcopy(groups)), 0)
+        return {name: t.clone() for name, t in actor.full_weights()}
+
+    def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+    whole = weights_after(16, scale=False)
+    scaled = weights_after(4, scale=True)
+    unscaled = weights_after(4, scale=False)
+    assert max_diff(whole, scaled) < 1e-6
+    assert max_diff(whole, unscaled) > 1e-5
+    bad = _cfg(toy).model_dump(mode="json")
+    bad["algorithm"].update(use_valid_token_scale=True, loss_agg_mode="seq-mean-token-sum")
+    with pytest.raises(ConfigError, match=r"loss_agg_mode: token-mean"):
+        validate_config(bad, ReasoningConfig)

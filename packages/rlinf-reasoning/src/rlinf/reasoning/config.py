@@ -183,6 +183,12 @@ class AlgorithmConfig(RLinfModel):
     importance_sampling_clip: float = Field(
         2.0, gt=0, description="Upper bound of a truncated-IS weight."
     )
+    use_valid_token_scale: bool = Field(
+        False,
+        description="DAPO token-level loss: scale each micro-batch's token-mean loss so a "
+        "minibatch's gradient is the mean over all its valid tokens (all actor ranks), "
+        "independent of micro-batching; needs loss_agg_mode token-mean.",
+    )
     early_stop_imp_ratio: float | None = Field(
         None,
         gt=1,
@@ -368,6 +374,12 @@ class ReasoningConfig(RLinfModel):
                 f"{runner.val_check_interval}, runner.val_before_train="
                 f"{runner.val_before_train}); list the held-out files, or set "
                 "runner.val_check_interval: -1 and runner.val_before_train: false"
+            )
+        if alg.use_valid_token_scale and alg.loss_agg_mode != "token-mean":
+            raise ValueError(
+                "algorithm.use_valid_token_scale=true turns token means into a minibatch-wide "
+                f"token mean, but algorithm.loss_agg_mode is {alg.loss_agg_mode!r}; set "
+                "loss_agg_mode: token-mean or use_valid_token_scale: false"
             )
         if alg.importance_sampling_fix and not actor.recompute_logprobs:
             raise ValueError(

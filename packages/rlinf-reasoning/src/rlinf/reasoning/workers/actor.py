@@ -504,12 +504,27 @@ class FSDPActor(Worker):
                     first = mb * per_mb_groups * g
                     n_micro = per_mb_groups * g // micro
                     acc: dict[str, float] = {}
+                    minibatch_tokens = 0.0
+                    if alg.use_valid_token_scale:  # needs the whole minibatch's lengths
+                        last = first + per_mb_groups * g
+                        pull(-(-last // g))
+                        local = sum(s.response_length for s in order[first:last])
+                        minibatch_tokens = (
+                            float(self._all_reduce_mean(torch.tensor([float(local)])).item())
+                            * self.world_size
+                        )
                     for k in range(n_micro):
                         lo, hi = first + k * micro, first + (k + 1) * micro
                         pull(-(-hi // g))
                         logprobs_upto(hi)
                         t0 = time.perf_counter()
-                        m = self._micro_step(order[lo:hi], n_micro)
+                        scale = 1.0
+                        if minibatch_tokens > 0:
+                            # token-mean over the micro-batch -> over the whole minibatch
+                            # (all ranks): * tokens here * micro-batches * ranks / total
+                            tokens = sum(s.response_length for s in order[lo:hi])
+                            scale = tokens * n_micro * self.world_size / minibatch_tokens
+                        m = self._micro_step(order[lo:hi], n_micro, scale)
                         busy["train"] += time.perf_counter() - t0
                         for key, v in m.items():
                             acc[key] = acc.get(key, 0.0) + v / n_micro
@@ -544,7 +559,9 @@ class FSDPActor(Worker):
                 self.release_device_lock()
             raise
 
-    def _micro_step(self, batch: list[Sample], n_micro: int) -> dict[str, float]:
+    def _micro_step(
+        self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
+    ) -> dict[str, float]:
         alg = self.cfg.algorithm
         want_entropy = alg.entropy_bonus > 0
         lp, ent, mask = self._forward_logprobs(self.model, batch, with_entropy=want_entropy)
@@ -585,7 +602,7 @@ class FSDPActor(Worker):
             out["actor/early_stopped"] = float(stop)
             if stop:  # still backward (zero gradient): every rank runs the same collectives
                 loss = loss * 0.0
-        (loss / n_micro).backward()  # type: ignore[no-untyped-call]
+        (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
         out["actor/final_loss"] = float(loss.detach())
         with torch.no_grad():
             diff = (old - rollout_lp).abs()
