@@ -354,12 +354,13 @@ class EmbodiedRunner:
 
     def _worker_timings(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, group in (("actor", self.actor), ("rollout", self.rollout), ("env", self.env)):
-            for timings in self._wait([group.pop_timings()]):
-                for rank_timings in timings:
-                    for tag, seconds in rank_timings.items():
-                        key = f"time/{name}/{tag}"
-                        out[key] = max(out.get(key, 0.0), float(seconds))
+        groups = (("actor", self.actor), ("rollout", self.rollout), ("env", self.env))
+        per_group = self._wait([group.pop_timings() for _, group in groups])  # concurrently
+        for (name, _), timings in zip(groups, per_group, strict=True):
+            for rank_timings in timings:
+                for tag, seconds in rank_timings.items():
+                    key = f"time/{name}/{tag}"
+                    out[key] = max(out.get(key, 0.0), float(seconds))
         return out
 
     # ------------------------------------------------------------------ the loop

@@ -266,7 +266,7 @@ class EmbodiedFSDPActor(Worker):
         return sorted({int(v) for v in batch.trajectory.versions.tolist()})
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
-        out = tensor.detach().clone().to(self.device)
+        out = tensor.detach().to(self.device, copy=True)
         if self.world_size > 1:
             dist.all_reduce(out, op=op)
         return out.cpu()
@@ -381,7 +381,8 @@ class EmbodiedFSDPActor(Worker):
         critic = alg.loss_type == "actor_critic"
         chunk_level = alg.reward_type == "chunk_level"
         dev = self.device
-        fwd = {k: v.reshape(n, *v.shape[2:]) for k, v in traj.forward_inputs.items()}
+        # On the device once: every micro-batch of every epoch gathers from it.
+        fwd = {k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()}
         old_logprobs = _per_chunk_logprobs(traj.prev_logprobs.reshape(n, -1), c, chunk_level)
         old_logprobs = old_logprobs.to(dev)
         old_values = traj.prev_values[:-1].reshape(n, -1)

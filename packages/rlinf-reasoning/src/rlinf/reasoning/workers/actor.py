@@ -262,10 +262,12 @@ class FSDPActor(Worker):
             total = 0
             with torch.no_grad():
                 for index, entries in enumerate(plan):
-                    tensors = [(n, _local(t).detach().to("cpu").clone()) for n, t in entries]
-                    bucket = WeightBucket(version, index, len(plan), tensors)
-                    total += bucket.nbytes
+                    # Every rank joins the all-gathers; only rank 0 copies and sends.
+                    full = [(n, _local(t).detach()) for n, t in entries]
+                    total += sum(t.numel() * t.element_size() for _, t in full)
                     if self.rank == 0:
+                        tensors = [(n, t.to("cpu", copy=True)) for n, t in full]
+                        bucket = WeightBucket(version, index, len(plan), tensors)
                         self.broadcast(
                             bucket,
                             groups,
@@ -612,15 +614,9 @@ class FSDPActor(Worker):
 
     def _optimizer_step(self) -> dict[str, float]:
         clip = self.cfg.actor.optim.clip_grad
-        if clip is not None:
-            norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        else:
-            sq = sum(
-                _as_float(p.grad.detach().float().pow(2).sum())
-                for p in self.model.parameters()
-                if p.grad is not None
-            )
-            norm = math.sqrt(sq)
+        # One fused norm (one collective under FSDP2); an infinite bound only measures.
+        max_norm = clip if clip is not None else float("inf")
+        norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = float(self.optimizer.param_groups[0]["lr"])
         if math.isfinite(norm):
             self.optimizer.step()

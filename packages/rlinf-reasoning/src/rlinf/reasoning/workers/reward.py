@@ -121,9 +121,13 @@ class RewardWorker(Worker):
             One reward per response: ``reward_scale`` times the scorer's correct
             (1) or incorrect (0) value.
         """
+        return self._rewards_of(self.judge(responses, references))
+
+    def _rewards_of(self, flags: Sequence[bool]) -> list[float]:
+        """The default rewards of judged responses (``reward_scale`` times correct/incorrect)."""
         scorer = self._scorer()
         good, bad = scorer.correct * scorer.reward_scale, scorer.incorrect * scorer.reward_scale
-        return [good if ok else bad for ok in self.judge(responses, references)]
+        return [good if ok else bad for ok in flags]
 
     def compute_rewards(self, inputs: Channel, outputs: Channel) -> dict[str, Any]:
         """Scores this rank's share of the step's groups from ``inputs`` into ``outputs``.
@@ -162,7 +166,10 @@ class RewardWorker(Worker):
         flat = [t for group in texts for t in group]
         refs = [r.answers for r, group in zip(results, texts, strict=True) for _ in group]
         flags = self.judge(flat, refs)
-        rewards = self.score(flat, refs)
+        if type(self).score is RewardWorker.score:  # default score: reuse the verdicts
+            rewards = self._rewards_of(flags)
+        else:  # a custom reward sees the eval responses too
+            rewards = self.score(flat, refs)
         out: list[tuple[list[float], list[bool]]] = []
         k = 0
         for group in texts:
