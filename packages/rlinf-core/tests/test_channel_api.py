@@ -764,3 +764,18 @@ def test_unpicklable_item_raises_type_error_and_queues_nothing(ch: Channel) -> N
         ch.put({"lock": lock})
     assert ch.qsize() == 0
     assert ch.stats()["writing_blocks"] == 0
+
+
+@pytest.mark.parametrize("timeout", [0.05, 0.3])
+def test_timeouts_name_the_bound(ch: Channel, timeout: float) -> None:
+    # 0.05 s is one native wait, 0.3 s runs in slices: both say the same.
+    with pytest.raises(TimeoutError, match=f"timed out after {timeout} s"):
+        ch.get(timeout=timeout)
+
+
+@pytest.mark.parametrize("bad", ["1", True, [0.5]])
+def test_non_numeric_timeouts_are_rejected(ch: Channel, bad: object) -> None:
+    with pytest.raises((ValueError, TypeError), match="timeout"):
+        ch.get(timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, TypeError), match="timeout"):
+        ch.put("x", timeout=bad)  # type: ignore[arg-type]

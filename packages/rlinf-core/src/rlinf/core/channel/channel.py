@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import numbers
 import os
 import pickle
 import time
@@ -107,7 +108,9 @@ def _check_sizes(**sizes: int) -> None:
 
 
 def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is not None and not (timeout >= 0):
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
     return timeout
 
@@ -125,7 +128,11 @@ def _sliced(call: Callable[[float], _T], timeout: float | None) -> _T:
             return call(min(remaining, _SLICE_S))
         except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"timed out after {timeout} s waiting on the channel") from None
+                raise TimeoutError(_timed_out(timeout)) from None
+
+
+def _timed_out(timeout: float | None) -> str:
+    return f"timed out after {timeout} s waiting on the channel"
 
 
 class Channel:
@@ -329,6 +336,11 @@ class Channel:
                     return put(lane, header, buffers, weight, _SLICE_S, False)
                 except TimeoutError:
                     continue
+        if type(timeout) in (float, int) and 0 <= timeout <= _SLICE_S:  # one slice, no loop
+            try:
+                return self._core.put(lane, header, buffers, weight, timeout, False)
+            except TimeoutError:
+                raise TimeoutError(_timed_out(timeout)) from None
         _sliced(
             lambda t: self._core.put(lane, header, buffers, weight, t, False),
             _check_timeout(timeout),
@@ -363,6 +375,12 @@ class Channel:
                 except TimeoutError:
                     continue
                 return loads(*message)
+        if type(timeout) in (float, int) and 0 <= timeout <= _SLICE_S:  # one slice, no loop
+            try:
+                message = self._core.get(lane, timeout, False)
+            except TimeoutError:
+                raise TimeoutError(_timed_out(timeout)) from None
+            return loads(*message)
         header, views = _sliced(lambda t: self._core.get(lane, t, False), _check_timeout(timeout))
         return loads(header, views)
 

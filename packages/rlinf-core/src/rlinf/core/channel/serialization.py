@@ -167,6 +167,8 @@ class _Reusable(threading.local):
 
 
 _reusable = _Reusable()
+# Types whose pickle has no buffers and needs no custom reducer.
+_PLAIN_SCALARS = frozenset({bytes, str, int, float, bool, type(None)})
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
@@ -183,8 +185,11 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         TypeError: If ``obj`` (or something inside it) cannot be pickled; the
             message names the type.
     """
-    if type(obj) is bytes and len(obj) >= _RAW_BYTES_MIN:
+    kind = type(obj)
+    if kind is bytes and len(obj) >= _RAW_BYTES_MIN:
         obj = _OutOfBandBytes(obj)
+    elif kind in _PLAIN_SCALARS:  # nothing out of band: skip the pickler's setup and reset
+        return pickle.dumps(obj, protocol=5), []
     cls = _pickler_class()
     state = _reusable
     if state.busy:  # re-entered from inside a __reduce__: use a fresh pickler

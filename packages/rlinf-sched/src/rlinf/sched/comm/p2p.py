@@ -42,6 +42,9 @@ COMM_TIMEOUT_ENV = "RLINF_COMM_TIMEOUT_S"
 
 _DEFAULT_TIMEOUT_S = 1800.0
 _SLICE_S = 1.0
+# The first wait of an operation is one channel slice (no deadline loop on
+# the hot path); later ones are _SLICE_S long, with a liveness check between.
+_FIRST_TRY_S = 0.25
 _PING_WAIT_S = 2.0
 _RAY_NAMESPACE = "rlinf"
 
@@ -144,6 +147,8 @@ class P2PEndpoint:
         self._peers: dict[Address, Any] = {}
         self._pings: dict[Address, Any] = {}
         self._last: dict[tuple[str, Address], Future[Any]] = {}
+        self._default_timeout = default_timeout()  # read once, when the worker starts
+        self._descs: dict[tuple[str, Address], str] = {}
 
     # ----- public operations ----------------------------------------------------------
     def send(
@@ -156,8 +161,8 @@ class P2PEndpoint:
     ) -> CommWork | None:
         """Sends ``obj`` to ``dst``; see :meth:`rlinf.sched.Worker.send`."""
         dst = _check_address(dst, "dst")
-        bound = default_timeout() if timeout is None else timeout
-        desc = f"send {self._key} -> {dst[0]}[{dst[1]}]"
+        bound = self._default_timeout if timeout is None else timeout
+        desc = self._desc("send", dst)
         work = self._run(
             ("send", dst), async_op, desc, self._do_send, obj, dst, key or self._key, bound, desc
         )
@@ -172,8 +177,8 @@ class P2PEndpoint:
     ) -> Any:
         """Receives the next object from ``src``; see :meth:`rlinf.sched.Worker.recv`."""
         src = _check_address(src, "src")
-        bound = default_timeout() if timeout is None else timeout
-        desc = f"recv {self._key} <- {src[0]}[{src[1]}]"
+        bound = self._default_timeout if timeout is None else timeout
+        desc = self._desc("recv", src)
         lane = key or f"{src[0]}:{src[1]}"
         return self._run(("recv", src), async_op, desc, self._do_recv, src, lane, bound, desc)
 
@@ -219,6 +224,15 @@ class P2PEndpoint:
             ex.shutdown(wait=False, cancel_futures=True)
 
     # ----- internals ------------------------------------------------------------------
+    def _desc(self, direction: str, peer: Address) -> str:
+        """``"send a:0 -> b[1]"``: names an operation in errors (cached per peer)."""
+        desc = self._descs.get((direction, peer))
+        if desc is None:
+            arrow = "->" if direction == "send" else "<-"
+            desc = f"{direction} {self._key} {arrow} {peer[0]}[{peer[1]}]"
+            self._descs[(direction, peer)] = desc
+        return desc
+
     def _run(
         self,
         queue: tuple[str, Address],
@@ -242,16 +256,22 @@ class P2PEndpoint:
                 future = ex.submit(fn, *args)
                 self._last[queue] = future
             return CommWork(future, desc)
-        with self._lock:
-            last = self._last.pop(queue, None)
-        if last is not None:
-            wait_futures([last])
+        if self._last:  # only after asynchronous operations: skip the lock otherwise
+            with self._lock:
+                last = self._last.pop(queue, None)
+            if last is not None:
+                wait_futures([last])
         return fn(*args)
 
     def _do_send(self, obj: Any, dst: Address, lane: str, bound: float, desc: str) -> None:
         deadline = time.monotonic() + bound
-        outbox = self._outbox(dst, deadline, desc)
+        outbox = self._outboxes.get(dst) or self._outbox(dst, deadline, desc)
         payload = _stage_out(obj)
+        try:
+            outbox.put(payload, key=lane, timeout=min(_FIRST_TRY_S, bound))
+            return
+        except TimeoutError:
+            self._check_alive(dst, desc, deadline, bound, "the receiver's inbox is full")
         while True:
             try:
                 outbox.put(payload, key=lane, timeout=_slice(deadline))
@@ -261,6 +281,10 @@ class P2PEndpoint:
 
     def _do_recv(self, src: Address, lane: str, bound: float, desc: str) -> Any:
         deadline = time.monotonic() + bound
+        try:
+            return _stage_in(self._inbox.get(key=lane, timeout=min(_FIRST_TRY_S, bound)))
+        except TimeoutError:
+            self._check_alive(src, desc, deadline, bound, "nothing arrived")
         while True:
             try:
                 return _stage_in(self._inbox.get(key=lane, timeout=_slice(deadline)))
@@ -341,6 +365,14 @@ def _slice(deadline: float) -> float:
 
 
 def _check_address(address: Any, arg: str) -> Address:
+    # Exact types first: the common call costs a few type checks.
+    if (
+        type(address) is tuple
+        and len(address) == 2
+        and type(address[0]) is str
+        and type(address[1]) is int
+    ):
+        return address
     if (
         isinstance(address, tuple)
         and len(address) == 2
