@@ -200,7 +200,7 @@ class MultiStepRolloutWorker(Worker):
         with torch.no_grad():
             result = policy.predict_action_batch(obs, mode=mode, generator=generator)
             bootstrap = None
-            if final_obs is not None:
+            if final_obs is not None and mode != "eval":  # eval trains nothing: no bootstrap
                 bootstrap = policy.get_value(final_obs)[:, :1]
         result.bootstrap_values = bootstrap
         result.version = self.version
