@@ -173,7 +173,19 @@ def test_rollout_weights_equal_the_actors_after_sync(
         # A training step changes the weights; the next sync carries version 1.
         runner.generate_rollouts()
         assert actor.batch_versions().wait(timeout=60) == [[0], [0]]
-        runner.compute_advantages_and_returns()
+        # Rollout statistics are global: both actor ranks report the same numbers.
+        per_rank = actor.compute_advantages_and_returns().wait(timeout=120)
+        assert per_rank[0] == per_rank[1]
+        stats = per_rank[0]
+        assert stats["rollout/rewards"] == 1.0  # CartPole pays 1 per live step
+        assert abs(stats["rollout/advantages_mean"]) < 1e-6  # whitened over both ranks
+        assert stats["rollout/advantages_min"] < 0 < stats["rollout/advantages_max"]
+        assert (
+            0
+            < stats["rollout/returns_min"]
+            <= stats["rollout/returns_mean"]
+            <= stats["rollout/returns_max"]
+        )
         metrics = runner.run_training()
         assert all(math.isfinite(v) for v in metrics.values())
         runner.global_step += 1

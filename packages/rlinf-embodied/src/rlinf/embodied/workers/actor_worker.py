@@ -319,27 +319,37 @@ class EmbodiedFSDPActor(Worker):
         batch.advantages = advantages
         batch.returns = returns
         batch.loss_mask = mask
-        metrics = {"rollout/rewards": self._masked_stat(traj.rewards, substep)["mean"]}
-        for name, value in (("advantages", advantages), ("returns", returns)):
-            if value is None:
-                continue
-            stats = self._masked_stat(value, mask)
-            for key, stat in stats.items():
-                metrics[f"rollout/{name}_{key}"] = stat
+        named = [("rewards", traj.rewards, substep), ("advantages", advantages, mask)]
+        if returns is not None:
+            named.append(("returns", returns, mask))
+        stats = self._masked_stats([(value, m) for _, value, m in named])
+        metrics = {"rollout/rewards": stats[0]["mean"]}
+        for (name, _, _), stat in zip(named[1:], stats[1:], strict=True):
+            for key, number in stat.items():
+                metrics[f"rollout/{name}_{key}"] = number
         return metrics
 
-    def _masked_stat(self, value: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        m = mask.expand_as(value)
-        v = value.to(torch.float64)
-        sums = self._all_reduce(
-            torch.stack([torch.where(m, v, torch.zeros_like(v)).sum(), m.sum().to(torch.float64)])
-        )
-        if float(sums[1]) == 0:
-            return {"mean": 0.0, "max": 0.0, "min": 0.0}
-        big = torch.tensor(float("inf"), dtype=torch.float64)
-        vmax = self._all_reduce(torch.where(m, v, -big).max(), dist.ReduceOp.MAX)
-        vmin = self._all_reduce(torch.where(m, v, big).min(), dist.ReduceOp.MIN)
-        return {"mean": float(sums[0] / sums[1]), "max": float(vmax), "min": float(vmin)}
+    def _masked_stats(
+        self, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[dict[str, float]]:
+        """Global masked mean/max/min of each ``(value, mask)``: two all-reduces in all."""
+        sums, extremes = [], []
+        for value, mask in pairs:
+            m = mask.expand_as(value)
+            v = value.to(torch.float64)
+            inf = torch.tensor(float("inf"), dtype=torch.float64)
+            sums += [torch.where(m, v, torch.zeros_like(v)).sum(), m.sum().to(torch.float64)]
+            extremes += [torch.where(m, v, -inf).max(), -torch.where(m, v, inf).min()]
+        total = self._all_reduce(torch.stack(sums)).tolist()
+        peak = self._all_reduce(torch.stack(extremes), dist.ReduceOp.MAX).tolist()
+        out = []
+        for i in range(len(pairs)):
+            s, n = total[2 * i], total[2 * i + 1]
+            if n == 0:
+                out.append({"mean": 0.0, "max": 0.0, "min": 0.0})
+            else:
+                out.append({"mean": s / n, "max": peak[2 * i], "min": -peak[2 * i + 1]})
+        return out
 
     # ------------------------------------------------------------------ training
 
