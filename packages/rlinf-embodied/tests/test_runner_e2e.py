@@ -177,7 +177,9 @@ def test_rollout_weights_equal_the_actors_after_sync(
         per_rank = actor.compute_advantages_and_returns().wait(timeout=120)
         assert per_rank[0] == per_rank[1]
         stats = per_rank[0]
-        assert stats["rollout/rewards"] == 1.0  # CartPole pays 1 per live step
+        # CartPole pays 1 per live step; no episode reaches truncation (and its
+        # bootstrap bonus) within the first 32 steps.
+        assert stats["rollout/rewards"] == 1.0
         assert abs(stats["rollout/advantages_mean"]) < 1e-6  # whitened over both ranks
         assert stats["rollout/advantages_min"] < 0 < stats["rollout/advantages_max"]
         assert (
