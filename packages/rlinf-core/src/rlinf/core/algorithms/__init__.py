@@ -12,7 +12,8 @@ Modules: ``registry`` (name tables), ``inputs`` (estimator inputs/outputs),
 ``embodied_advantages`` / ``reasoning_advantages`` (the math),
 ``advantages`` (the registered estimators), ``loss_mask``, ``losses``, ``kl``,
 ``entropy``, ``off_policy`` (truncated IS, ratio early stop), ``utils`` (masked
-reductions, whitening, loss aggregation).
+reductions, whitening, loss aggregation), ``step_metrics`` (metric means read
+once per step).
 See ``docs/algorithms.md``.
 """
 
@@ -61,6 +62,7 @@ from rlinf.core.algorithms.registry import (
     register_advantage,
     register_policy_loss,
 )
+from rlinf.core.algorithms.step_metrics import MetricMeans, to_floats
 from rlinf.core.algorithms.utils import (
     LOSS_AGG_MODES,
     LossAggMode,
@@ -82,6 +84,7 @@ __all__ = [
     "EmbodiedAdvantageInputs",
     "LossAggMode",
     "LossMask",
+    "MetricMeans",
     "PolicyLossFn",
     "ReasoningAdvantageInputs",
     "RewardType",
@@ -111,6 +114,7 @@ __all__ = [
     "register_policy_loss",
     "reinforce_plus_plus_advantage",
     "resize_loss_mask",
+    "to_floats",
     "truncated_is_weights",
     "value_loss",
 ]

@@ -43,7 +43,7 @@ def ppo_policy_loss(
     clip_log_ratio_max: float | None = None,
     loss_mask_sum: torch.Tensor | None = None,
     max_episode_steps: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss with asymmetric and optional dual clipping.
 
     With ``ratio = exp(logprobs - old_logprobs)`` on valid entries::
@@ -71,7 +71,9 @@ def ppo_policy_loss(
         max_episode_steps: For ``episode-length-norm``.
 
     Returns:
-        ``(loss, metrics)``: a scalar tensor and python floats for
+        ``(loss, metrics)``: a scalar tensor and detached 0-d tensors (on the
+        inputs' device, so computing them never waits for the device; read
+        them with :class:`~rlinf.core.algorithms.MetricMeans`) for
         ``actor/ratio`` (mean ratio), ``actor/clip_fraction`` (share of valid
         entries where the ratio clip is active), ``actor/dual_clip_fraction``,
         ``actor/approx_kl`` (mean of ``old_logprobs - logprobs``) and
@@ -125,13 +127,13 @@ def ppo_policy_loss(
     loss = agg_loss(
         losses, mask, loss_agg_mode, mask_sum=loss_mask_sum, max_episode_steps=max_episode_steps
     )
-    with torch.no_grad():
+    with torch.no_grad():  # 0-d tensors: no host sync here (see step_metrics)
         metrics = {
-            "actor/ratio": float(masked_mean(ratio.detach(), mask)),
-            "actor/clip_fraction": float(masked_mean(clip_active.to(logp.dtype), mask)),
-            "actor/dual_clip_fraction": float(masked_mean(dual_active.to(logp.dtype), mask)),
-            "actor/approx_kl": float(masked_mean(-log_ratio.detach(), mask)),
-            "actor/policy_loss": float(loss.detach()),
+            "actor/ratio": masked_mean(ratio.detach(), mask),
+            "actor/clip_fraction": masked_mean(clip_active.to(logp.dtype), mask),
+            "actor/dual_clip_fraction": masked_mean(dual_active.to(logp.dtype), mask),
+            "actor/approx_kl": masked_mean(-log_ratio.detach(), mask),
+            "actor/policy_loss": loss.detach(),
         }
     return loss, metrics
 
@@ -147,7 +149,7 @@ def value_loss(
     huber_delta: float | None = None,
     mask_sum: torch.Tensor | None = None,
     max_episode_steps: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss ``max(l(R - v), l(R - v_clip))``.
 
     ``v_clip = old_values + clamp(values - old_values, -c, c)`` with
@@ -171,7 +173,7 @@ def value_loss(
     Returns:
         ``(loss, metrics)`` with ``critic/value_loss`` and
         ``critic/value_clip_fraction`` (share of valid entries where the
-        clipped term is the larger one).
+        clipped term is the larger one), as detached 0-d tensors.
 
     Raises:
         ValueError: For invalid clip/delta values or mismatched shapes.
@@ -219,10 +221,11 @@ def value_loss(
     loss = agg_loss(
         losses, m, loss_agg_mode, mask_sum=mask_sum, max_episode_steps=max_episode_steps
     )
-    metrics = {
-        "critic/value_loss": float(loss.detach()),
-        "critic/value_clip_fraction": float(masked_mean(clip_active.to(v.dtype), m)),
-    }
+    with torch.no_grad():  # 0-d tensors: no host sync here (see step_metrics)
+        metrics = {
+            "critic/value_loss": loss.detach(),
+            "critic/value_clip_fraction": masked_mean(clip_active.to(v.dtype), m),
+        }
     return loss, metrics
 
 

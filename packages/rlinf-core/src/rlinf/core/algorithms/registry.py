@@ -29,8 +29,10 @@ __all__ = [
 AdvantageFn = Callable[[AdvantageInputs], AdvantageResult]
 """An advantage estimator: takes embodied or reasoning inputs, returns (advantages, returns)."""
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-"""A policy loss: called with keyword arguments, returns (scalar loss, metrics of floats)."""
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
+"""A policy loss: called with keyword arguments, returns (scalar loss, metrics).
+
+Metrics are detached 0-d tensors (preferred: no host sync) or floats."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rlinf.core.algorithms import (
     EmbodiedAdvantageInputs,
+    MetricMeans,
     compute_loss_mask,
     explained_variance,
     get_advantage,
@@ -418,13 +418,8 @@ class EmbodiedFSDPActor(Worker):
             )
         accum = per_rank // micro
         policy_loss = get_policy_loss(alg.loss_type)
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-
-        def record(values: dict[str, float]) -> None:
-            for key, value in values.items():
-                sums[key] += float(value)
-                counts[key] += 1
+        means = MetricMeans()  # stays on the device until the step ends
+        record = means.add
 
         skipped = 0
         for epoch in range(alg.update_epoch):
@@ -480,10 +475,7 @@ class EmbodiedFSDPActor(Worker):
                     if alg.entropy_bonus > 0:
                         loss = loss - alg.entropy_bonus * entropy
                     record(
-                        {
-                            "actor/entropy_loss": float(entropy.detach()),
-                            "actor/total_loss": float(loss.detach()),
-                        }
+                        {"actor/entropy_loss": entropy.detach(), "actor/total_loss": loss.detach()}
                     )
                     torch.autograd.backward(loss / accum)
                 norms = {
@@ -498,7 +490,7 @@ class EmbodiedFSDPActor(Worker):
                 else:
                     skipped += 1
         optimizer.zero_grad(set_to_none=True)
-        metrics = {f"train/{k}": sums[k] / counts[k] for k in sums}
+        metrics = {f"train/{k}": v for k, v in means.means().items()}
         keys = sorted(metrics)
         reduced = self._all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
         metrics = {k: float(v) / self.world_size for k, v in zip(keys, reduced, strict=True)}

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlinf.core.algorithms import (
+    MetricMeans,
     ReasoningAdvantageInputs,
     agg_loss,
     early_stop_ratio_exceeded,
@@ -478,7 +479,7 @@ class FSDPActor(Worker):
             lp_done = n
             busy["recompute"] += time.perf_counter() - t0
 
-        mb_metrics: list[dict[str, float]] = []
+        train_means = MetricMeans()  # minibatch means, read once at the end of the step
         try:
             if self.collocated:
                 # The rollout holds the devices until it has generated everything.
@@ -505,7 +506,7 @@ class FSDPActor(Worker):
                 for mb in range(alg.n_minibatches):
                     first = mb * per_mb_groups * g
                     n_micro = per_mb_groups * g // micro
-                    acc: dict[str, float] = {}
+                    acc: dict[str, Any] = {}  # this minibatch's metrics (tensors stay on device)
                     minibatch_tokens = 0.0
                     if alg.use_valid_token_scale:  # needs the whole minibatch's lengths
                         last = first + per_mb_groups * g
@@ -538,13 +539,12 @@ class FSDPActor(Worker):
                     t0 = time.perf_counter()
                     acc.update(self._optimizer_step())
                     busy["train"] += time.perf_counter() - t0
-                    mb_metrics.append(acc)
+                    train_means.add(acc)
         finally:
             if entered and self.collocated:
                 self.release_device_lock()
-        train = {k: sum(m[k] for m in mb_metrics) / len(mb_metrics) for k in mb_metrics[0]}
         return {
-            "train": train,
+            "train": train_means.means(),
             "rollout": self._rollout_stats(samples, results),
             "time": busy,
             "versions": sorted({r.version for r in results}),
@@ -563,7 +563,8 @@ class FSDPActor(Worker):
 
     def _micro_step(
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
+        """Forward, loss and backward of one micro-batch; metrics as 0-d tensors (no sync)."""
         alg = self.cfg.algorithm
         want_entropy = alg.entropy_bonus > 0
         lp, ent, mask = self._forward_logprobs(self.model, batch, with_entropy=want_entropy)
@@ -571,11 +572,11 @@ class FSDPActor(Worker):
         old = pad_rows([s.old_logprobs for s in batch], width).to(self.device)
         adv = pad_rows([s.advantages for s in batch], width).to(self.device)
         rollout_lp = pad_rows([s.rollout_logprobs for s in batch], width).to(self.device)
-        extra: dict[str, float] = {}
+        extra: dict[str, Any] = {}
         if alg.importance_sampling_fix:  # old = the actor's recomputation (config check)
             weights = truncated_is_weights(old, rollout_lp, alg.importance_sampling_clip, mask)
             adv = adv * weights
-            extra["actor/is_weight_mean"] = float(masked_mean(weights, mask))
+            extra["actor/is_weight_mean"] = masked_mean(weights, mask)
         loss, metrics = self.loss_fn(
             logprobs=lp,
             old_logprobs=old,
@@ -591,11 +592,11 @@ class FSDPActor(Worker):
             ref = pad_rows([s.ref_logprobs for s in batch], width).to(self.device)  # type: ignore[misc]
             kl = agg_loss(kl_penalty(lp, ref, alg.kl_penalty), mask, alg.loss_agg_mode)
             loss = loss + alg.kl_beta * kl
-            out["actor/kl_loss"] = float(kl.detach())
+            out["actor/kl_loss"] = kl.detach()
         if ent is not None:
             ent_loss = agg_loss(ent, mask, alg.loss_agg_mode)
             loss = loss - alg.entropy_bonus * ent_loss
-            out["actor/entropy_loss"] = float(ent_loss.detach())
+            out["actor/entropy_loss"] = ent_loss.detach()
         out.update(extra)
         if alg.early_stop_imp_ratio is not None:
             stop, _ = early_stop_ratio_exceeded(
@@ -605,11 +606,12 @@ class FSDPActor(Worker):
             if stop:  # still backward (zero gradient): every rank runs the same collectives
                 loss = loss * 0.0
         (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
-        out["actor/final_loss"] = float(loss.detach())
+        out["actor/final_loss"] = loss.detach()
         with torch.no_grad():
             diff = (old - rollout_lp).abs()
-            out["actor/rollout_train_kl"] = float(masked_mean(diff, mask))
-            out["actor/logprob_diff_max"] = float(diff.max()) if mask.any() else 0.0
+            out["actor/rollout_train_kl"] = masked_mean(diff, mask)
+            # diff >= 0, so a masked max with 0 fill is also right for an empty mask
+            out["actor/logprob_diff_max"] = torch.where(mask.bool(), diff, 0.0).max()
         return out
 
     def _optimizer_step(self) -> dict[str, float]:
