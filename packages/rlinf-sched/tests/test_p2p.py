@@ -153,11 +153,13 @@ def test_broadcast_across_groups(pair) -> None:
         b.bcast(None, [("a", [0, 1])]).wait(timeout=60)
 
 
-def test_recv_timeout_names_the_peer(pair) -> None:
+@pytest.mark.parametrize("timeout", [0.1, 2.0])  # one native wait; several slices
+def test_recv_timeout_names_the_peer(pair, timeout: float) -> None:
     _, b = pair
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"recv b:0 <- a\[1\] timed out after 2 s") as info:
-        b.execute_on(0).recv_with_timeout("a", 1, 2.0).wait(timeout=60)
+    expected = rf"recv b:0 <- a\[1\] timed out after {timeout:g} s"
+    with pytest.raises(WorkerError, match=expected) as info:
+        b.execute_on(0).recv_with_timeout("a", 1, timeout).wait(timeout=60)
     assert "CommTimeoutError" in str(info.value)
     assert time.monotonic() - start < 10
 

@@ -53,9 +53,6 @@ class MetricMeans:
             self._sums[name] = self._sums.get(name, 0.0) + value * weight
             self._weights[name] = self._weights.get(name, 0.0) + weight
 
-    def __len__(self) -> int:
-        return len(self._sums)
-
     def means(self) -> dict[str, float]:
         """The weighted mean of each metric, as floats (one device-to-host copy per device)."""
         return to_floats({name: total / self._weights[name] for name, total in self._sums.items()})

@@ -120,7 +120,15 @@ def _sliced(call: Callable[[float], _T], timeout: float | None) -> _T:
 
     Each slice either completes or times out without side effects, so
     retrying is safe; between slices Python can deliver KeyboardInterrupt.
+    A timeout of at most one slice is a single call. Invalid timeouts raise
+    ``ValueError``.
     """
+    if timeout is not None and type(timeout) in (float, int) and 0 <= timeout <= _SLICE_S:
+        try:
+            return call(timeout)
+        except TimeoutError:
+            raise TimeoutError(_timed_out(timeout)) from None
+    _check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         remaining = _SLICE_S if deadline is None else max(0.0, deadline - time.monotonic())
@@ -336,15 +344,7 @@ class Channel:
                     return put(lane, header, buffers, weight, _SLICE_S, False)
                 except TimeoutError:
                     continue
-        if type(timeout) in (float, int) and 0 <= timeout <= _SLICE_S:  # one slice, no loop
-            try:
-                return self._core.put(lane, header, buffers, weight, timeout, False)
-            except TimeoutError:
-                raise TimeoutError(_timed_out(timeout)) from None
-        _sliced(
-            lambda t: self._core.put(lane, header, buffers, weight, t, False),
-            _check_timeout(timeout),
-        )
+        _sliced(lambda t: self._core.put(lane, header, buffers, weight, t, False), timeout)
 
     def put_nowait(self, item: Any, key: Any = DEFAULT_KEY, weight: int = 0) -> None:
         """Puts without waiting.
@@ -375,13 +375,7 @@ class Channel:
                 except TimeoutError:
                     continue
                 return loads(*message)
-        if type(timeout) in (float, int) and 0 <= timeout <= _SLICE_S:  # one slice, no loop
-            try:
-                message = self._core.get(lane, timeout, False)
-            except TimeoutError:
-                raise TimeoutError(_timed_out(timeout)) from None
-            return loads(*message)
-        header, views = _sliced(lambda t: self._core.get(lane, t, False), _check_timeout(timeout))
+        header, views = _sliced(lambda t: self._core.get(lane, t, False), timeout)
         return loads(header, views)
 
     def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
@@ -413,9 +407,7 @@ class Channel:
         if target_weight <= 0:
             raise ValueError(f"target_weight must be > 0, got {target_weight}")
         lane = self._lane(key)
-        batch = _sliced(
-            lambda t: self._core.get_batch(lane, target_weight, t), _check_timeout(timeout)
-        )
+        batch = _sliced(lambda t: self._core.get_batch(lane, target_weight, t), timeout)
         return [loads(header, views) for header, views in batch]
 
     # ----- asyncio --------------------------------------------------------------

@@ -334,10 +334,10 @@ class EmbodiedFSDPActor(Worker):
     ) -> list[dict[str, float]]:
         """Global masked mean/max/min of each ``(value, mask)``: two all-reduces in all."""
         sums, extremes = [], []
+        inf = torch.tensor(float("inf"), dtype=torch.float64)
         for value, mask in pairs:
             m = mask.expand_as(value)
             v = value.to(torch.float64)
-            inf = torch.tensor(float("inf"), dtype=torch.float64)
             sums += [torch.where(m, v, torch.zeros_like(v)).sum(), m.sum().to(torch.float64)]
             extremes += [torch.where(m, v, -inf).max(), -torch.where(m, v, inf).min()]
         total = self._all_reduce(torch.stack(sums)).tolist()

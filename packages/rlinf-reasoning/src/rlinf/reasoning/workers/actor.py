@@ -479,7 +479,7 @@ class FSDPActor(Worker):
             lp_done = n
             busy["recompute"] += time.perf_counter() - t0
 
-        train_means = MetricMeans()  # minibatch means, read once at the end of the step
+        train_means = MetricMeans()  # means over minibatches, read once at the end of the step
         try:
             if self.collocated:
                 # The rollout holds the devices until it has generated everything.
@@ -506,7 +506,6 @@ class FSDPActor(Worker):
                 for mb in range(alg.n_minibatches):
                     first = mb * per_mb_groups * g
                     n_micro = per_mb_groups * g // micro
-                    acc: dict[str, Any] = {}  # this minibatch's metrics (tensors stay on device)
                     minibatch_tokens = 0.0
                     if alg.use_valid_token_scale:  # needs the whole minibatch's lengths
                         last = first + per_mb_groups * g
@@ -529,17 +528,16 @@ class FSDPActor(Worker):
                             scale = tokens * n_micro * self.world_size / minibatch_tokens
                         m = self._micro_step(order[lo:hi], n_micro, scale)
                         busy["train"] += time.perf_counter() - t0
-                        for key, v in m.items():
-                            acc[key] = acc.get(key, 0.0) + v / n_micro
+                        # weight 1/n_micro: each minibatch counts once, like its optimizer step
+                        train_means.add(m, weight=1.0 / n_micro)
                     if epoch == 0 and mb == 0 and (recompute or self.ref_model is not None):
                         # Old/ref logprobs must come from the step's starting weights:
                         # compute them for every remaining group before the first update.
                         pull(share)
                         logprobs_upto(len(samples))
                     t0 = time.perf_counter()
-                    acc.update(self._optimizer_step())
+                    train_means.add(self._optimizer_step())
                     busy["train"] += time.perf_counter() - t0
-                    train_means.add(acc)
         finally:
             if entered and self.collocated:
                 self.release_device_lock()

@@ -265,31 +265,26 @@ class P2PEndpoint:
 
     def _do_send(self, obj: Any, dst: Address, lane: str, bound: float, desc: str) -> None:
         deadline = time.monotonic() + bound
-        outbox = self._outboxes.get(dst) or self._outbox(dst, deadline, desc)
+        outbox = self._outbox(dst, deadline, desc)
         payload = _stage_out(obj)
-        try:
-            outbox.put(payload, key=lane, timeout=min(_FIRST_TRY_S, bound))
-            return
-        except TimeoutError:
-            self._check_alive(dst, desc, deadline, bound, "the receiver's inbox is full")
+        wait = min(_FIRST_TRY_S, bound)
         while True:
             try:
-                outbox.put(payload, key=lane, timeout=_slice(deadline))
+                outbox.put(payload, key=lane, timeout=wait)
                 return
             except TimeoutError:
                 self._check_alive(dst, desc, deadline, bound, "the receiver's inbox is full")
+            wait = _slice(deadline)
 
     def _do_recv(self, src: Address, lane: str, bound: float, desc: str) -> Any:
         deadline = time.monotonic() + bound
-        try:
-            return _stage_in(self._inbox.get(key=lane, timeout=min(_FIRST_TRY_S, bound)))
-        except TimeoutError:
-            self._check_alive(src, desc, deadline, bound, "nothing arrived")
+        wait = min(_FIRST_TRY_S, bound)
         while True:
             try:
-                return _stage_in(self._inbox.get(key=lane, timeout=_slice(deadline)))
+                return _stage_in(self._inbox.get(key=lane, timeout=wait))
             except TimeoutError:
                 self._check_alive(src, desc, deadline, bound, "nothing arrived")
+            wait = _slice(deadline)
 
     def _outbox(self, dst: Address, deadline: float, desc: str) -> Channel:
         outbox = self._outboxes.get(dst)
@@ -327,7 +322,7 @@ class P2PEndpoint:
         if time.monotonic() >= deadline:
             if handle is None and peer not in self._peers:
                 why += f"; no worker named {peer[0]}[{peer[1]}] is running"
-            limit = f"{bound:.0f} s" if bound is not None else "the timeout"
+            limit = f"{bound:g} s" if bound is not None else "the timeout"
             raise CommTimeoutError(
                 f"{desc} timed out after {limit} ({why}); pass timeout= or set {COMM_TIMEOUT_ENV}"
             )
