@@ -44,6 +44,7 @@ from rlinf.core.checkpoint import (
     find_latest_checkpoint,
     mark_complete,
     resolve_resume_dir,
+    restart_resume_dir,
     step_dir,
 )
 from rlinf.core.logging import get_logger
@@ -57,6 +58,7 @@ from rlinf.core.protocols.workers import (
 )
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.sched import GroupFuture, WorkerGroup
+from rlinf.sched.recovery import run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
@@ -88,6 +90,7 @@ class EmbodiedRunner:
     Attributes:
         global_step: Training steps done (the weight version of the next sync).
         total_env_steps: Env sub-steps that advanced a live episode, over the run.
+        restarts: Relaunches after a dead worker so far (``runner.max_restarts``).
         mode: ``collocated``, ``hybrid`` or ``disaggregated``, from the placements.
         collocated: Whether the actor shares devices with the rollout (then the
             rollout offloads between rollouts and both take device locks).
@@ -106,6 +109,7 @@ class EmbodiedRunner:
         self.actor, self.rollout, self.env = actor, rollout, env
         self.global_step = 0
         self.total_env_steps = 0
+        self.restarts = 0
         self.collocated = False
         self.mode = "disaggregated"
         self.spec: Any = None
@@ -164,13 +168,16 @@ class EmbodiedRunner:
             raise
         return [fut.wait(timeout=0) for fut in futures]
 
-    def init_workers(self) -> None:
+    def init_workers(self, resume_dir: str | Path | None = None) -> None:
         """Builds envs, policies and optimizer on every rank, then resumes if asked.
 
         Checks the rules that need world sizes (:meth:`EmbodiedConfig.check_world_sizes`),
         creates the three channels, decides offloading from the placement
         (components that share devices offload between phases), and loads
         ``runner.resume_dir`` (a checkpoint folder, or ``auto`` for the newest one).
+
+        Args:
+            resume_dir: Resume from this instead of ``runner.resume_dir``.
         """
         cfg = self.cfg
         sizes = {
@@ -237,11 +244,10 @@ class EmbodiedRunner:
             stages,
             "; offload between phases" if offload_actor or offload_rollout else "",
         )
-        self._resume()
+        self._resume(self.cfg.runner.resume_dir if resume_dir is None else resume_dir)
         self._initialized = True
 
-    def _resume(self) -> None:
-        resume = self.cfg.runner.resume_dir
+    def _resume(self, resume: str | Path | None) -> None:
         path = resolve_resume_dir(resume, self.checkpoint_root)
         if path is None:
             if resume is not None:
@@ -368,11 +374,30 @@ class EmbodiedRunner:
     def run(self) -> dict[str, float]:
         """Trains until ``runner.total_steps``; returns the last step's metrics.
 
+        With ``runner.max_restarts`` > 0, a dead worker does not end the run:
+        the three groups are relaunched on the same placement and training goes
+        on from the newest intact checkpoint (``train/restarts`` counts them).
+
         Raises:
             RuntimeError: :meth:`init_workers` was not called.
         """
         if not self._initialized:
             raise RuntimeError("call runner.init_workers() before runner.run()")
+        return run_with_restarts(
+            self._run_attempt,
+            groups=(self.actor, self.rollout, self.env),
+            max_restarts=self.cfg.runner.max_restarts,
+            resume=self._after_relaunch,
+        )
+
+    def _after_relaunch(self, restarts: int) -> None:
+        """Rebuilds the relaunched workers from the newest checkpoint (else the configured one)."""
+        self.restarts = restarts
+        self.init_workers(
+            resume_dir=restart_resume_dir(self.checkpoint_root, self.cfg.runner.resume_dir)
+        )
+
+    def _run_attempt(self) -> dict[str, float]:
         cfg = self.cfg.runner
         total = cfg.total_steps
         logger = self._metric_logger()
@@ -424,6 +449,8 @@ class EmbodiedRunner:
             self.save_checkpoint()
             metrics["time/save_checkpoint"] = time.perf_counter() - start
         metrics.update(self._worker_timings())
+        if self.cfg.runner.max_restarts > 0:
+            metrics["train/restarts"] = float(self.restarts)
         metrics["time/step"] = time.perf_counter() - step_start
         postfix: dict[str, float | str] = {
             "env": rate_postfix(

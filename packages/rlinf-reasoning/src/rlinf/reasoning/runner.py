@@ -40,6 +40,7 @@ from rlinf.core.checkpoint import (
     find_latest_checkpoint,
     mark_complete,
     resolve_resume_dir,
+    restart_resume_dir,
     rng_state,
     set_rng_state,
     step_dir,
@@ -59,6 +60,7 @@ from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
 from rlinf.sched import Cluster, GroupFuture, Worker, WorkerGroup
 from rlinf.sched.placement import ModelParallelComponentPlacement
+from rlinf.sched.recovery import run_with_restarts
 
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
 
@@ -197,6 +199,8 @@ class ReasoningRunner:
         self.actor, self.rollout, self.reward = actor, rollout, reward
         self.collocated = collocated
         self.global_step = 0
+        self.restarts = 0
+        """Relaunches after a dead worker so far (``runner.max_restarts``)."""
         self.synced_version: int | None = None
         self.data_history: list[list[int]] = []
         """Dataset indices of the prompts of each step run by this runner (in order)."""
@@ -211,8 +215,11 @@ class ReasoningRunner:
         self._initialized = False
 
     # ------------------------------------------------------------------ setup
-    def init_workers(self) -> None:
+    def init_workers(self, resume_dir: str | Path | None = None) -> None:
         """Builds the datasets, starts every worker, creates the channels, resumes.
+
+        Args:
+            resume_dir: Resume from this instead of ``runner.resume_dir``.
 
         Raises:
             FileNotFoundError: A model, tokenizer or data path does not exist.
@@ -266,11 +273,12 @@ class ReasoningRunner:
             "collocated" if self.collocated else "disaggregated",
             total,
         )
+        self._drop_channels()  # a second init_workers() starts with fresh channels
         tag = f"rlinf-reasoning-{uuid.uuid4().hex[:10]}"
         self.requests = self._channel(f"{tag}.requests")
         self.generated = self._channel(f"{tag}.rollout")
         self.rewarded = self._channel(f"{tag}.reward")
-        self._resume()
+        self._resume(self.cfg.runner.resume_dir if resume_dir is None else resume_dir)
         self._initialized = True
 
     def _channel(self, name: str) -> Channel:
@@ -280,8 +288,7 @@ class ReasoningRunner:
         self._channels.append(channel)
         return channel
 
-    def _resume(self) -> None:
-        resume = self.cfg.runner.resume_dir
+    def _resume(self, resume: str | Path | None) -> None:
         path = resolve_resume_dir(resume, self.checkpoint_root)
         if path is None:
             if resume is not None:
@@ -352,6 +359,13 @@ class ReasoningRunner:
         for channel in self._channels:
             with contextlib.suppress(Exception):
                 channel.close()
+
+    def _drop_channels(self) -> None:
+        self._close_channels()
+        for channel in self._channels:
+            with contextlib.suppress(Exception):
+                channel.unlink()
+        self._channels = []
 
     def train_step(self) -> dict[str, float]:
         """Runs one GRPO step (sync, rollout, reward, training) and returns its metrics.
@@ -481,11 +495,33 @@ class ReasoningRunner:
     def run(self) -> dict[str, float]:
         """Trains until the last step, with eval, checkpoints, metrics and a progress bar.
 
+        With ``runner.max_restarts`` > 0, a dead worker does not end the run:
+        the three groups are relaunched on the same placement and training goes
+        on from the newest intact checkpoint (``train/restarts`` counts them).
+
         Returns:
             The metrics of the last logged step (empty if nothing ran).
         """
         if not self._initialized:
             self.init_workers()
+        return run_with_restarts(
+            self._run_attempt,
+            groups=(self.actor, self.rollout, self.reward),
+            max_restarts=self.cfg.runner.max_restarts,
+            resume=self._after_relaunch,
+        )
+
+    def _after_relaunch(self, restarts: int) -> None:
+        """Rebuilds the relaunched workers from the newest checkpoint (else the configured one)."""
+        self.restarts = restarts
+        self._initialized = False
+        self.global_step = 0
+        self.synced_version = None
+        self.init_workers(
+            resume_dir=restart_resume_dir(self.checkpoint_root, self.cfg.runner.resume_dir)
+        )
+
+    def _run_attempt(self) -> dict[str, float]:
         cfg = self.cfg
         logger = self._metric_logger()
         last: dict[str, float] = {}
@@ -508,6 +544,8 @@ class ReasoningRunner:
                     t0 = time.perf_counter()
                     self.save_checkpoint()
                     metrics["time/save"] = time.perf_counter() - t0
+                if cfg.runner.max_restarts > 0:
+                    metrics["train/restarts"] = float(self.restarts)
                 logger.log(metrics, step=step)
                 self.metrics_history.append(dict(metrics, step=float(step)))
                 last = metrics
@@ -590,13 +628,7 @@ class ReasoningRunner:
         if self._logger is not None:
             self._logger.close()
             self._logger = None
-        for channel in self._channels:
-            try:
-                channel.close()
-                channel.unlink()
-            except Exception:  # pragma: no cover - best effort
-                pass
-        self._channels = []
+        self._drop_channels()
         if groups:
             for group in (self.actor, self.rollout, self.reward):
                 group.shutdown()

@@ -58,6 +58,12 @@ class RunnerConfig(RLinfModel):
     resume_dir: Path | Literal["auto"] | None = Field(
         None, description="Checkpoint folder to resume from, 'auto' for the latest, or null."
     )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Relaunch the groups and resume from the newest checkpoint this many "
+        "times when a worker dies; 0 ends the run at the first death.",
+    )
 
     @model_validator(mode="after")
     def _check_intervals(self) -> RunnerConfig:

@@ -126,6 +126,7 @@ class WorkerGroup:
         self._name = ""
         self._node_ids: list[str] = []
         self._only: list[int] | None = None
+        self._launch_options: dict[str, Any] | None = None
 
     def launch(
         self,
@@ -165,6 +166,13 @@ class WorkerGroup:
         placements = placement_strategy.get_placement(info)
         if not placements:
             raise ValueError(f"placement strategy {placement_strategy!r} gave no placements")
+        self._launch_options = {
+            "cluster": cluster,
+            "placement_strategy": placement_strategy,
+            "name": name,
+            "num_cpus": num_cpus,
+            "timeout": timeout,
+        }
         master = info.nodes[placements[0].node_rank]
         master_port = _free_port_on(master, timeout)
         group_nodes = sorted({p.node_rank for p in placements})
@@ -240,6 +248,58 @@ class WorkerGroup:
         group._placements, group._name = list(record["placements"]), name
         group._node_ids = list(record["node_ids"])
         return group
+
+    def relaunch(self, timeout: float | None = None) -> WorkerGroup:
+        """Shuts every rank down and starts the group again with the same placement.
+
+        The new ranks are built from the same constructor arguments, under the
+        same name, on the same nodes and devices; they start with fresh state
+        (the caller restores it, e.g. from a checkpoint). Used by the runners'
+        ``runner.max_restarts`` to recover from a dead rank.
+
+        Args:
+            timeout: Seconds to wait for every rank's constructor (default: the
+                ``timeout`` the group was launched with).
+
+        Returns:
+            This group, launched again.
+
+        Raises:
+            RuntimeError: The group was never launched (nothing to relaunch).
+        """
+        if self._launch_options is None:
+            raise RuntimeError("relaunch() needs a group that was launched before")
+        options = dict(self._launch_options)
+        if timeout is not None:
+            options["timeout"] = timeout
+        world_size = len(self._placements)
+        self.shutdown()
+        _wait_until_names_free(options["name"], world_size, options["timeout"])
+        return self.launch(**options)
+
+    def dead_ranks(self, timeout: float = 10.0) -> list[int]:
+        """Ranks whose process is gone (killed, crashed, out of memory).
+
+        A rank that is alive but does not answer within ``timeout`` (busy in a
+        long native call) counts as alive.
+
+        Args:
+            timeout: Seconds to wait for the ranks' answers, all together.
+        """
+        refs = [actor.ping.remote() for actor in self._actors]
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        dead = []
+        for rank, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    dead.append(rank)
+                except ray.exceptions.RayTaskError:
+                    pass  # alive: ping raised, which a live process reports
+        return dead
 
     # ----- calls --------------------------------------------------------------------
     @property
@@ -328,6 +388,27 @@ class WorkerGroup:
                 with contextlib.suppress(Exception):
                     ray.get(directory.unregister_group.remote(self._name), timeout=timeout)
         self._actors = []
+
+
+def _wait_until_names_free(name: str, world_size: int, timeout: float) -> None:
+    """Waits until no live actor holds the names ``name:0..`` (a relaunch right after a kill).
+
+    Ray frees the name of a killed actor asynchronously; creating an actor under
+    that name before then fails.
+    """
+    deadline = time.monotonic() + timeout
+    for rank in range(world_size):
+        while True:
+            try:
+                ray.get_actor(f"{name}:{rank}", namespace=RAY_NAMESPACE)
+            except ValueError:
+                break  # no actor of that name
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"worker {name}:{rank} was killed but Ray still holds its name after "
+                    f"{timeout:g} s; is the cluster overloaded?"
+                )
+            time.sleep(0.05)
 
 
 def _unlink_segment(channel: str) -> None:

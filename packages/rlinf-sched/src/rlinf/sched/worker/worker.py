@@ -115,6 +115,10 @@ class Worker:
         """Returns this worker's rank (a liveness check)."""
         return self.rank
 
+    def pid(self) -> int:
+        """This worker's OS process id (for tools and tests that signal it)."""
+        return os.getpid()
+
     def teardown(self) -> None:
         """Releases this worker's channels and locks; the scheduler calls it before killing it."""
         self._p2p.close()

@@ -1,0 +1,113 @@
+"""Recovery from a dead worker: relaunch the groups and go on from a checkpoint.
+
+Both runners use :func:`run_with_restarts` for ``runner.max_restarts``. One
+attempt runs the training loop; when it fails and a rank of one of the groups
+is dead (killed, crashed, out of memory), every group is shut down and launched
+again on the same placement (:meth:`WorkerGroup.relaunch`), and the runner
+rebuilds its workers and resumes from its newest intact checkpoint. Failures
+with every rank alive (a bug, a bad config, a timeout) are raised at once:
+running them again would fail again.
+
+A whole-run restart, not a per-rank one: the surviving ranks hold process
+groups, channels and half-finished collectives that refer to the dead one, and
+a fresh start of every group is the one state known to be consistent. It costs
+the worker start-up (seconds) and the steps since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from rlinf.core.logging import get_logger
+from rlinf.sched.worker import WorkerDiedError, WorkerGroup
+
+__all__ = ["find_dead_rank", "relaunch_groups", "run_with_restarts"]
+
+_T = TypeVar("_T")
+_log = get_logger("rlinf.sched.recovery")
+
+
+def find_dead_rank(groups: Sequence[WorkerGroup], timeout: float = 10.0) -> str | None:
+    """Names the first dead rank of ``groups`` (``"EnvGroup[rank 0]"``), or None if all live.
+
+    Args:
+        groups: The groups to check.
+        timeout: Seconds to wait for each group's answers.
+    """
+    for group in groups:
+        dead = group.dead_ranks(timeout)
+        if dead:
+            return f"{group.name}[rank {dead[0]}]"
+    return None
+
+
+def relaunch_groups(groups: Sequence[WorkerGroup]) -> None:
+    """Shuts every group down, then launches them again on their placements, concurrently.
+
+    Raises:
+        Exception: The first group that failed to start again (the others are
+            shut down).
+    """
+    for group in groups:
+        group.shutdown()
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        futures = [pool.submit(group.relaunch) for group in groups]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        for group in groups:
+            group.shutdown()
+        raise failed[0]
+
+
+def run_with_restarts(
+    attempt: Callable[[], _T],
+    *,
+    groups: Sequence[WorkerGroup],
+    max_restarts: int,
+    resume: Callable[[int], None],
+) -> _T:
+    """Runs ``attempt``; after a dead rank, relaunches ``groups``, calls ``resume`` and retries.
+
+    Args:
+        attempt: One try of the work (a runner's training loop).
+        groups: Every group the attempt uses; all are relaunched together.
+        max_restarts: How many relaunches to allow; 0 raises the first failure.
+        resume: Called after a relaunch with the number of restarts so far; it
+            rebuilds the workers' state (e.g. ``init_workers`` from the newest
+            checkpoint).
+
+    Returns:
+        What the first successful attempt returned.
+
+    Raises:
+        Exception: A failure with every rank alive, or the failure after
+            ``max_restarts`` relaunches.
+    """
+    restarts = 0
+    while True:
+        try:
+            return attempt()
+        except Exception as err:
+            if restarts >= max_restarts:
+                raise
+            if isinstance(err, WorkerDiedError):
+                dead: str | None = f"{err.group}[rank {err.rank}]"
+            else:
+                dead = find_dead_rank(groups)
+            if dead is None:
+                raise
+            restarts += 1
+            _log.warning(
+                "%s died (%s); restart %d of %d (runner.max_restarts): relaunching %s "
+                "on the same placement",
+                dead,
+                str(err).splitlines()[0],
+                restarts,
+                max_restarts,
+                ", ".join(group.name for group in groups),
+            )
+            relaunch_groups(groups)
+            resume(restarts)
