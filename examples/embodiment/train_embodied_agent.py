@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
+from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.core.logging import setup_logging
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
@@ -36,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
-    cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
     groups = []
     runner = None
+    interrupted: str | None = None
+    cluster = None
     try:
+        cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
         try:
             placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
         except ValueError as exc:
@@ -69,12 +72,21 @@ def main(argv: list[str] | None = None) -> int:
         summary = {k: v for k, v in metrics.items() if k.startswith(("eval/", "env/"))}
         print("final metrics:", {k: round(v, 4) for k, v in sorted(summary.items())}, flush=True)
         print(f"TensorBoard logs: {runner.tensorboard_dir.resolve()}", flush=True)
+    except KeyboardInterrupt:
+        step = runner.global_step if runner is not None else None
+        checkpoints = cfg.runner.logger.experiment_dir / "checkpoints"
+        interrupted = interrupted_message(step, cfg.runner.total_steps, checkpoints)
     finally:
-        if runner is not None:
-            runner.close()
-        for group in reversed(groups):
-            group.shutdown()
-        cluster.shutdown()
+        with interrupts_ignored():  # a second Ctrl-C must not cut the clean-up short
+            if runner is not None:
+                runner.close()
+            for group in reversed(groups):
+                group.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+    if interrupted is not None:  # printed last: after the workers' forwarded output
+        print("\n" + interrupted, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return 0
 
 

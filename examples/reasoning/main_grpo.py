@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
+from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.sched import Cluster
@@ -46,18 +47,33 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    with Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster) as cluster:
+    cluster = None
+    runner = None
+    interrupted: str | None = None
+    try:
+        cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
         try:
             placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
         except ValueError as err:  # the placement or world sizes do not fit this cluster
             print(f"cannot place the run on this cluster: {err}", file=sys.stderr)
             return 2
         runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
-        try:
-            runner.init_workers()
-            last = runner.run()
-        finally:
-            runner.shutdown()
+        runner.init_workers()
+        last = runner.run()
+    except KeyboardInterrupt:
+        step = runner.global_step if runner is not None else None
+        total = getattr(runner, "total_steps", None)
+        checkpoints = cfg.runner.logger.experiment_dir / "checkpoints"
+        interrupted = interrupted_message(step, total, checkpoints)
+    finally:
+        with interrupts_ignored():  # a second Ctrl-C must not cut the clean-up short
+            if runner is not None:
+                runner.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+    if interrupted is not None:  # printed last: after the workers' forwarded output
+        print("\n" + interrupted, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     if "eval/accuracy" in last:
         print(f"final eval/accuracy: {last['eval/accuracy']:.3f}")
     return 0

@@ -165,6 +165,9 @@ class EmbodiedRunner:
                     )
         except BaseException:
             self._close_channels()
+            discard_until = time.monotonic() + 5.0
+            for fut in pending:  # woken by the closed channels; their errors are noise
+                fut.discard(timeout=max(0.0, discard_until - time.monotonic()))
             raise
         return [fut.wait(timeout=0) for fut in futures]
 

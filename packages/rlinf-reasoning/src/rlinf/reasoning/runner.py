@@ -134,30 +134,36 @@ def launch_reasoning_groups(
 def _wait_all(
     futures: dict[str, GroupFuture], timeout: float, on_error: Any = None
 ) -> dict[str, list[Any]]:
-    """Waits for every future; the first failure (of any) is raised at once."""
+    """Waits for every future; the first failure (of any) is raised at once.
+
+    On a failure, a timeout or Ctrl-C, ``on_error`` runs (it closes the
+    channels, which wakes the other stages) and the other calls' outcomes are
+    collected and dropped for up to 5 s, so Ray does not print them later.
+    """
     deadline = time.monotonic() + timeout
     results: dict[str, list[Any]] = {}
     pending = dict(futures)
-    while pending:
-        for name, fut in list(pending.items()):
-            if fut.done():
-                try:
+    try:
+        while pending:
+            for name, fut in list(pending.items()):
+                if fut.done():
                     results[name] = fut.wait(timeout=0)
-                except BaseException:
-                    if on_error is not None:
-                        on_error()
-                    raise
-                del pending[name]
-        if not pending:
-            break
-        if time.monotonic() >= deadline:
-            if on_error is not None:
-                on_error()
-            raise TimeoutError(
-                f"{sorted(pending)} still running after {timeout:.0f} s "
-                "(runner.step_timeout_s); is a stage stuck?"
-            )
-        time.sleep(0.005)
+                    del pending[name]
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{sorted(pending)} still running after {timeout:.0f} s "
+                    "(runner.step_timeout_s); is a stage stuck?"
+                )
+            time.sleep(0.005)
+    except BaseException:
+        if on_error is not None:
+            on_error()
+        discard_until = time.monotonic() + 5.0
+        for fut in pending.values():
+            fut.discard(timeout=max(0.0, discard_until - time.monotonic()))
+        raise
     return results
 
 

@@ -100,6 +100,18 @@ class GroupFuture:
         except ray.exceptions.RayActorError as err:
             raise WorkerDiedError(self._group, rank, str(err).splitlines()[0]) from None
 
+    def discard(self, timeout: float = 10.0) -> None:
+        """Waits up to ``timeout`` s for the ranks to finish and drops their results and errors.
+
+        For the calls still running when another one failed (the runner closed
+        their channels): fetching their errors here keeps Ray from printing each
+        one as an "unhandled error" later.
+        """
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout)
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref)
+
     def __await__(self) -> Generator[Any, None, list[Any]]:
         async def poll() -> list[Any]:
             while not self.done():

@@ -1,0 +1,173 @@
+"""``runner.max_restarts`` in the ReasoningRunner: a SIGKILLed worker does not end the run.
+
+Real Ray groups (collocated: actor, rollout and reward on two CPU slots) and a
+tiny untrained Qwen2 built from a config. The test SIGKILLs one process from
+outside as soon as the step-2 checkpoint is complete (a reward worker, then,
+in a second run, actor rank 1). The runner must relaunch the three groups on
+their placement, resume from that checkpoint (weights, optimizer, sampler
+cursor, RNG) and finish all six steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+
+from rlinf.core.config import validate_config
+from rlinf.reasoning.config import ReasoningConfig
+from rlinf.reasoning.data.sampler import ResumableSampler
+from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
+from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+from rlinf.sched import Cluster, WorkerDiedError, WorkerGroup
+
+STEPS = 6
+BATCH = 4
+PLACEMENT = {"actor": "0-1", "rollout": "0-1", "reward": "0-1"}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("toy")
+    tok = build_tokenizer()
+    model = build_toy_model(
+        toy_model_config(
+            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+        )
+    )
+    model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(40)]
+    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def make_config(toy: Path, logs: Path, name: str, max_restarts: int) -> ReasoningConfig:
+    return validate_config(
+        {
+            "cluster": {"cpu_slots_per_node": 2, "component_placement": PLACEMENT},
+            "runner": {
+                "max_steps": STEPS,
+                "max_epochs": 100,
+                "val_check_interval": -1,
+                "val_before_train": False,
+                "save_interval": 2,
+                "max_restarts": max_restarts,
+                "step_timeout_s": 300,
+                "channel_timeout_s": 120,
+                "logger": {
+                    "log_path": str(logs),
+                    "experiment_name": name,
+                    "logger_backends": ["tensorboard"],
+                },
+            },
+            "data": {
+                "train_files": [str(toy / "train.jsonl")],
+                "prompt_key": "problem",
+                "answer_key": "answer",
+                "max_prompt_length": 16,
+                "seed": 3,
+            },
+            "algorithm": {
+                "group_size": 4,
+                "rollout_batch_size": BATCH,
+                "n_minibatches": 1,
+                "sampling_params": {"temperature": 1.0, "max_new_tokens": 4},
+            },
+            "actor": {"model_path": str(toy / "model"), "micro_batch_size": 8},
+            "reward": {"num_workers": 1},
+        },
+        ReasoningConfig,
+    )
+
+
+@pytest.fixture(scope="module")
+def groups(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGroup]]:
+    assert not ray.is_initialized()
+    cfg = make_config(toy, tmp_path_factory.mktemp("launch"), "launch", 0)
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
+        _, actor, rollout, reward = launch_reasoning_groups(cfg, cluster, "restart-", timeout=300)
+        try:
+            yield [actor, rollout, reward]
+        finally:
+            for group in (actor, rollout, reward):
+                group.shutdown()
+
+
+def kill_after_checkpoint(marker: Path, group: WorkerGroup, rank: int) -> threading.Thread:
+    """SIGKILLs ``group``'s ``rank`` as soon as ``marker`` exists (from a watcher thread)."""
+    pid = group.pid().wait()[rank]
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def expected_order(cfg: ReasoningConfig, steps: int) -> list[list[int]]:
+    """The prompts of each step of an uninterrupted run (the sampler is seeded)."""
+    sampler = iter(ResumableSampler(40, shuffle=cfg.data.shuffle, seed=cfg.data.seed))
+    return [[next(sampler) for _ in range(BATCH)] for _ in range(steps)]
+
+
+@pytest.mark.parametrize(("victim", "rank"), [("reward", 0), ("actor", 1)])
+def test_a_killed_worker_is_relaunched_and_the_run_finishes(
+    groups: list[WorkerGroup], toy: Path, tmp_path: Path, victim: str, rank: int
+) -> None:
+    actor, rollout, reward = groups
+    cfg = make_config(toy, tmp_path, f"kill-{victim}", max_restarts=1)
+    before = {g.name: g.pid().wait() for g in groups}
+    runner = ReasoningRunner(cfg, actor, rollout, reward)
+    try:
+        runner.init_workers()
+        marker = runner.checkpoint_root / "global_step_2" / "COMPLETE"
+        watcher = kill_after_checkpoint(marker, {"actor": actor, "reward": reward}[victim], rank)
+        last = runner.run()
+        watcher.join(timeout=5)
+        assert not watcher.is_alive()
+        assert runner.global_step == STEPS and runner.restarts == 1
+        assert last["train/restarts"] == 1.0
+        after = {g.name: g.pid().wait() for g in groups}
+        for name, pids in before.items():
+            assert not set(pids) & set(after[name]), f"{name} was not relaunched"
+        ckpts = sorted(p.name for p in runner.checkpoint_root.iterdir())
+        assert ckpts == ["global_step_2", "global_step_4", "global_step_6"]
+        # Steps 3-6 ran after the resume from step 2, on the prompts an
+        # uninterrupted run would have used (the sampler cursor was restored).
+        assert runner.data_history[-4:] == expected_order(cfg, STEPS)[2:]
+        assert runner.data_history[:2] == expected_order(cfg, STEPS)[:2]
+        restarts = [m["train/restarts"] for m in runner.metrics_history]
+        assert restarts[0] == 0.0 and restarts[-1] == 1.0
+    finally:
+        runner.shutdown(groups=False)
+
+
+def test_without_restarts_a_killed_worker_ends_the_run(
+    groups: list[WorkerGroup], toy: Path, tmp_path: Path
+) -> None:
+    actor, rollout, reward = groups
+    cfg = make_config(toy, tmp_path, "kill-no-restart", max_restarts=0)
+    runner = ReasoningRunner(cfg, actor, rollout, reward)
+    try:
+        runner.init_workers()
+        marker = runner.checkpoint_root / "global_step_2" / "COMPLETE"
+        kill_after_checkpoint(marker, reward, 0)
+        with pytest.raises(WorkerDiedError, match=r"restart-RewardGroup\[rank 0\] died"):
+            runner.run()
+        assert 2 <= runner.global_step < STEPS and runner.restarts == 0
+    finally:
+        runner.shutdown(groups=False)
+    for group in groups:  # leave live groups for whoever runs next
+        group.relaunch()

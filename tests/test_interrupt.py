@@ -1,0 +1,161 @@
+"""Ctrl-C during a run: one line naming the step and the newest checkpoint, exit 130, no leftovers.
+
+Each example main runs as a user would start it, in its own session; once its
+step-2 checkpoint is complete the test sends SIGINT to the whole process group,
+as a terminal's Ctrl-C does (Ray's processes and the workers get it too). The
+program must exit with 130, print no traceback, end stderr with the
+``interrupted (Ctrl-C) ...`` line, and leave no process of its session and no
+shared-memory segment of its channel namespace behind.
+
+The run starts its own Ray (a private ``TMPDIR`` keeps it from attaching to a
+cluster another test left running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHM = Path("/dev/shm")
+
+
+def _session_processes(sid: int) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (ProcessLookupError, psutil.Error, PermissionError):
+            pass
+    return out
+
+
+def interrupt_after_checkpoint(cmd: list[str], checkpoint: Path, tmp_path: Path) -> str:
+    """Runs ``cmd``, sends Ctrl-C once ``checkpoint`` is complete; returns stderr."""
+    namespace = f"ctrlc{os.getpid()}"
+    # Short: Ray's socket paths under it must fit in 107 bytes.
+    private_tmp = Path(tempfile.mkdtemp(prefix="rlinf-ctrlc-", dir="/tmp"))
+    env = dict(
+        os.environ,
+        RLINF_CHANNEL_NAMESPACE=namespace,
+        TMPDIR=str(private_tmp),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("RAY_ADDRESS", None)
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while not (checkpoint / "COMPLETE").exists():
+                assert proc.poll() is None, stderr_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint within 600 s"
+                time.sleep(0.05)
+            started = [p.pid for p in _session_processes(proc.pid)]
+            assert len(started) > 3, "the run's worker processes were not found"
+            os.killpg(proc.pid, signal.SIGINT)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            shutil.rmtree(private_tmp, ignore_errors=True)
+    text = stderr_path.read_text()
+    assert rc == 130, f"exit status {rc}:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-5000:]
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert re.fullmatch(
+        r"interrupted \(Ctrl-C\) at step \d+ of \d+; newest checkpoint: \S+global_step_\d+ "
+        r"\(resume with runner\.resume_dir=auto\)",
+        last,
+    ), last
+    newest = Path(re.search(r"newest checkpoint: (\S+)", last).group(1))  # type: ignore[union-attr]
+    assert (newest / "COMPLETE").is_file()
+    # Nothing left: no process of the run's session, no segment of its namespace.
+    deadline = time.monotonic() + 30
+    while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [p.cmdline()[:3] for p in left]
+    assert not any(psutil.pid_exists(pid) for pid in started if pid != proc.pid)
+    assert not sorted(SHM.glob(f"rlinf.{namespace}.*"))
+    return text
+
+
+def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    cmd = [
+        sys.executable,
+        "examples/embodiment/train_embodied_agent.py",
+        "--config-name",
+        "cartpole_ppo_mlp",
+        f"runner.logger.log_path={logs}",
+        "runner.logger.experiment_name=ctrlc",
+        "runner.save_interval=2",
+        "runner.val_check_interval=2",
+    ]
+    checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
+    interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+
+
+@pytest.fixture
+def tiny_reasoning_task(tmp_path: Path) -> Path:
+    from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+
+    tok = build_tokenizer()
+    model = build_toy_model(
+        toy_model_config(
+            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+        )
+    )
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(64)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_ctrl_c_stops_the_reasoning_example_cleanly(
+    tiny_reasoning_task: Path, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    cmd = [
+        sys.executable,
+        "examples/reasoning/main_grpo.py",
+        "--config-name",
+        "toy_grpo_cpu",
+        f"runner.logger.log_path={logs}",
+        "runner.logger.experiment_name=ctrlc",
+        "runner.max_steps=1000",
+        "runner.save_interval=2",
+        "runner.val_check_interval=-1",
+        "runner.val_before_train=false",
+        f"actor.model_path={tiny_reasoning_task / 'model'}",
+        f"data.train_files=[{tiny_reasoning_task / 'train.jsonl'}]",
+        "data.val_files=[]",
+        "algorithm.rollout_batch_size=4",
+        "algorithm.group_size=4",
+        "algorithm.n_minibatches=1",
+        "algorithm.sampling_params.max_new_tokens=4",
+        "actor.micro_batch_size=8",
+    ]
+    checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
+    interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
