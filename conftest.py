@@ -1,4 +1,11 @@
-"""Repo-wide pytest fixtures: one channel namespace per session, and a leak check."""
+"""Repo-wide pytest fixtures: one channel namespace per session, and a leak check.
+
+A channel made by ``Channel.create`` lives until the creating process ends
+(or releases it), not until its handle is dropped. For the pytest process
+"ends" means "the test is over": each test's channels are released after it
+(``release_created_channels``), so they are removed (not reported as leaks)
+and their memory does not pile up over the session.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import gc
 import itertools
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,13 +37,34 @@ def channel_namespace() -> Iterator[str]:
         os.environ[_NAMESPACE_ENV] = previous
 
 
+def _release_created_channels() -> None:
+    """What the end of the creating process does: gives up the channels this process created."""
+    channel = sys.modules.get("rlinf.core.channel")
+    if channel is not None:  # not imported: no channel was created
+        channel.release_created_channels()
+
+
+@pytest.fixture(autouse=True)
+def release_channels_after_test() -> Iterator[None]:
+    """Gives up the channels the test created once it and its other fixtures are done.
+
+    Autouse fixtures are set up first and torn down last, so the test's own
+    fixtures have dropped their handles by then; handles still held elsewhere
+    (module fixtures) keep their channels until they are dropped.
+    """
+    yield
+    _release_created_channels()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fails the run if a segment of this session's namespace outlived its tests.
 
     Runs after the last test's fixtures and arguments are released (a fixture
-    teardown would still see the last test's channels).
+    teardown would still see the last test's channels), and after giving up
+    the channels this process created, which is what its exit would do.
     """
     gc.collect()
+    _release_created_channels()
     leaked = sorted(p.name for p in _SHM.glob(f"rlinf.{_NAMESPACE}.*"))
     if not leaked:
         return

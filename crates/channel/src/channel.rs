@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::layout::{
     BlockMeta, Geometry, Header, KEY_MAX, LAYOUT_VERSION, Lane, MAGIC, NONE, NUM_CLASSES, Slot,
-    WaitWord, block_state, class_for, class_size, slot_state,
+    WaitWord, block_state, class_for, class_size, owner, slot_state,
 };
 use crate::naming::{NameError, segment_name};
 use crate::spin;
@@ -121,6 +121,10 @@ impl From<NameError> for ChannelError {
 /// Every channel handle of this process, for [`release_all_names`].
 static OPEN_CHANNELS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
+/// Segments this process created with [`Channel::create_owned`], for
+/// [`release_owned_names`].
+static OWNED_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
 fn register(inner: Inner) -> Channel {
     let inner = Arc::new(inner);
     if let Ok(mut open) = OPEN_CHANNELS.lock() {
@@ -130,33 +134,136 @@ fn register(inner: Inner) -> Channel {
     Channel { inner }
 }
 
-/// Called at interpreter exit: for every segment this process still maps,
-/// drops our locks and unlinks the name if no other process holds it.
-/// (Objects alive at exit are not always destroyed, so `Drop` cannot be
-/// relied on to clean up.) Returns the number of names removed.
+/// Called at interpreter exit (and by a worker at teardown): gives up the
+/// names this process created ([`release_owned_names`]), then, for every
+/// segment this process still maps, drops our locks and unlinks the name if
+/// no other process holds it and no live creator keeps it. (Objects alive at
+/// exit are not always destroyed, so `Drop` cannot be relied on to clean up.)
+/// Returns the number of names removed.
 pub fn release_all_names() -> usize {
+    let mut removed = release_owned_names(None);
+    let me = std::process::id();
     let inners: Vec<Arc<Inner>> = match OPEN_CHANNELS.lock() {
-        Ok(open) => open.iter().filter_map(Weak::upgrade).collect(),
-        Err(_) => return 0,
+        // Handles inherited over fork() share their locks with the parent.
+        Ok(open) => open
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|i| i.opener.0 == me)
+            .collect(),
+        Err(_) => return removed,
     };
     let mut names: Vec<&str> = inners.iter().map(|i| i.seg_name.as_str()).collect();
     names.sort_unstable();
     names.dedup();
-    let mut removed = 0;
     for name in names {
         let group: Vec<&Arc<Inner>> = inners.iter().filter(|i| i.seg_name == name).collect();
         for inner in &group {
             let _ = sys::unlock(&inner.fd);
         }
         if let Some(first) = group.first() {
-            if let Ok(true) = sys::try_lock_exclusive(&first.fd) {
-                if sys::shm_unlink(name).is_ok() {
-                    removed += 1;
-                }
+            if remove_if_last(&first.fd, name, || claimed_by_creator(first.header())) {
+                removed += 1;
             }
         }
     }
     removed
+}
+
+/// Gives up the names of the segments this process created with
+/// [`Channel::create_owned`] (those of `namespace`, or all): each name is
+/// removed now if no process holds its segment, else when the last holder
+/// lets go. Segments under those names that another process created (after
+/// ours were unlinked) are left alone. Returns the number of names removed now.
+pub fn release_owned_names(namespace: Option<&str>) -> usize {
+    let names: Vec<String> = match OWNED_NAMES.lock() {
+        Ok(mut owned) => {
+            let (mine, kept) = owned.drain(..).partition(|n: &String| {
+                namespace.is_none_or(|want| {
+                    crate::naming::parse_segment_name(n).is_some_and(|(ns, _)| ns == want)
+                })
+            });
+            *owned = kept;
+            mine
+        }
+        Err(_) => return 0,
+    };
+    names.iter().filter(|name| release_owned(name)).count()
+}
+
+/// Ends this process's claim on segment `name` (if the segment there is one
+/// it created) and removes the name if nobody holds the segment.
+fn release_owned(name: &str) -> bool {
+    let Ok(fd) = sys::shm_open_existing(name) else {
+        return false; // unlinked already
+    };
+    let Some(map) = map_header(&fd) else {
+        return false;
+    };
+    let h = header_at(&map);
+    let ours = valid_magic_and_version(h)
+        && (h.creator_pid.load(Relaxed), h.creator_start.load(Relaxed)) == sys::self_identity();
+    if !ours
+        || h.owner
+            .compare_exchange(owner::CREATOR, owner::RELEASED, SeqCst, SeqCst)
+            .is_err()
+    {
+        return false;
+    }
+    remove_if_last(&fd, name, || claimed_by_creator(h))
+}
+
+fn valid_magic_and_version(h: &Header) -> bool {
+    h.magic.load(Acquire) == MAGIC && h.layout_version.load(Relaxed) == LAYOUT_VERSION
+}
+
+/// Whether a live creator keeps the segment's name ([`owner::CREATOR`] and
+/// the creating process, pid plus start time, still running).
+fn claimed_by_creator(h: &Header) -> bool {
+    if !valid_magic_and_version(h) || h.owner.load(SeqCst) != owner::CREATOR {
+        return false;
+    }
+    let creator = (h.creator_pid.load(Relaxed), h.creator_start.load(Relaxed));
+    creator == sys::self_identity() || sys::process_alive(creator.0, creator.1)
+}
+
+/// The last-holder rule. With `fd` open on segment `name`: removes the name
+/// if no other open file description holds the segment (an exclusive `flock`
+/// on `fd` succeeds), no live creator keeps it (`claimed` is false), and the
+/// name still refers to this segment. Returns whether it removed the name.
+///
+/// A creator that gives its claim up while we hold the exclusive lock sees a
+/// holder and leaves the name to it, so after finding a claim we let go of
+/// the lock and look once more (a claim ends only once, so this loops at
+/// most twice). The caller must not rely on `fd`'s lock afterwards (it is
+/// about to close `fd`, or unlocks it anyway).
+fn remove_if_last(fd: &OwnedFd, name: &str, claimed: impl Fn() -> bool) -> bool {
+    loop {
+        if !matches!(sys::try_lock_exclusive(fd), Ok(true)) {
+            return false; // held: the last holder decides
+        }
+        if !claimed() {
+            return sys::is_named(fd, name) && sys::shm_unlink(name).is_ok();
+        }
+        let _ = sys::unlock(fd);
+        if claimed() {
+            return false; // the creator keeps the name: it decides when it ends
+        }
+    }
+}
+
+/// Maps the header of the segment behind `fd`, if the file is that long.
+fn map_header(fd: &OwnedFd) -> Option<sys::Mapping> {
+    let header = size_of::<Header>() as u64;
+    if sys::file_size(fd).ok()? < header {
+        return None;
+    }
+    sys::Mapping::new(fd, header).ok()
+}
+
+fn header_at(map: &sys::Mapping) -> &Header {
+    // SAFETY: `map` is at least one header long (`map_header`) and page
+    // aligned; Header consists of atomics and the mutex cell.
+    unsafe { &*(map.base() as *const Header) }
 }
 
 /// Result alias for channel operations.
@@ -337,6 +444,10 @@ fn key_hash(key: &[u8]) -> u64 {
 /// State shared by a channel handle and every lease taken through it.
 pub struct Inner {
     seg_name: String,
+    /// The process (pid, start time) that opened `fd`. A forked child
+    /// inherits the handle, and with it the parent's `flock`: while the
+    /// parent runs, that lock is not the child's to judge.
+    opener: (u32, u64),
     fd: OwnedFd,
     map: sys::Mapping,
     geo: Geometry,
@@ -851,20 +962,43 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // The last process to let go removes the name, so nothing leaks.
-        if let Ok(true) = sys::try_lock_exclusive(&self.fd) {
-            let _ = sys::shm_unlink(&self.seg_name);
+        // The last process to let go removes the name, so nothing leaks,
+        // unless the segment's creator is alive and keeps it.
+        let (pid, start) = self.opener;
+        if pid != std::process::id() && sys::process_alive(pid, start) {
+            return;
         }
+        remove_if_last(&self.fd, &self.seg_name, || {
+            claimed_by_creator(self.header())
+        });
     }
 }
 
 impl Channel {
-    /// Creates a new channel segment `rlinf.<namespace>.<name>`.
+    /// Creates a new channel segment `rlinf.<namespace>.<name>`. Its name
+    /// lives while some process holds the segment: the last handle to go
+    /// (in any process) removes it.
     ///
     /// # Errors
     /// [`ChannelError::Exists`] if the segment exists, [`ChannelError::Invalid`]
     /// for bad sizes or too little space in `/dev/shm`, or an OS error.
     pub fn create(namespace: &str, name: &str, opts: ChannelOptions) -> Result<Self> {
+        Self::create_impl(namespace, name, opts, false)
+    }
+
+    /// Creates a new channel segment whose name this process keeps until it
+    /// ends or gives it up ([`release_owned_names`], [`release_all_names`]),
+    /// whether or not it still holds a handle; after that, the last holder
+    /// removes it as for [`Channel::create`]. A creator that dies keeps
+    /// nothing: its liveness (pid and start time) is checked, not a lock.
+    ///
+    /// # Errors
+    /// As [`Channel::create`].
+    pub fn create_owned(namespace: &str, name: &str, opts: ChannelOptions) -> Result<Self> {
+        Self::create_impl(namespace, name, opts, true)
+    }
+
+    fn create_impl(namespace: &str, name: &str, opts: ChannelOptions, owned: bool) -> Result<Self> {
         let seg_name = segment_name(namespace, name)?;
         let check = |ok: bool, what: &str| {
             if ok {
@@ -933,6 +1067,7 @@ impl Channel {
         let map = sys::Mapping::new(&fd, geo.total_size)?;
         let inner = Inner {
             seg_name,
+            opener: sys::self_identity(),
             fd,
             map,
             geo,
@@ -945,7 +1080,15 @@ impl Channel {
         h.max_lanes.store(geo.max_lanes, Relaxed);
         h.lane_capacity.store(geo.lane_capacity, Relaxed);
         h.max_blocks.store(geo.max_blocks, Relaxed);
-        h.creator_pid.store(std::process::id(), Relaxed);
+        let (pid, start) = sys::self_identity();
+        h.creator_pid.store(pid, Relaxed);
+        h.creator_start.store(start, Relaxed);
+        let keeper = if owned {
+            owner::CREATOR
+        } else {
+            owner::HOLDERS
+        };
+        h.owner.store(keeper, Relaxed);
         h.lanes_off.store(geo.lanes_off, Relaxed);
         h.slots_off.store(geo.slots_off, Relaxed);
         h.blocks_off.store(geo.blocks_off, Relaxed);
@@ -959,6 +1102,15 @@ impl Channel {
         // not published yet, so no other process can be using the mutex.
         unsafe { sys::mutex_init(h.mutex.0.get())? };
         h.magic.store(MAGIC, Release); // publish: attachers may proceed
+        if owned {
+            if let Ok(mut names) = OWNED_NAMES.lock() {
+                // Forget names removed since (unlinked by anyone).
+                names.retain(|n| std::path::Path::new(sys::SHM_DIR).join(n).exists());
+                if !names.contains(&inner.seg_name) {
+                    names.push(inner.seg_name.clone());
+                }
+            }
+        }
         Ok(register(inner))
     }
 
@@ -991,6 +1143,7 @@ impl Channel {
                         let geo = validate_header(header, size)?;
                         let inner = Inner {
                             seg_name,
+                            opener: sys::self_identity(),
                             fd,
                             map,
                             geo,
@@ -1615,32 +1768,32 @@ fn validate_header(h: &Header, file_size: u64) -> Result<Geometry> {
     Ok(geo)
 }
 
-/// Removes segment `name` if no process holds it and it is fully created (or
-/// older than the janitor's grace period). Returns whether it was removed.
+/// Removes segment `name` if no process holds it, no live creator keeps it,
+/// and it is fully created (or older than the janitor's grace period).
+/// Returns whether it was removed.
 fn remove_if_stale(name: &str) -> bool {
     let Ok(fd) = sys::shm_open_existing(name) else {
         return false;
     };
-    if !matches!(sys::try_lock_exclusive(&fd), Ok(true)) {
-        return false; // someone holds it: a live channel
-    }
-    let size = sys::file_size(&fd).unwrap_or(0);
-    let initialised = size >= size_of::<Header>() as u64
-        && sys::Mapping::new(&fd, size_of::<Header>() as u64).is_ok_and(|m| {
-            // SAFETY: the mapping is one header long; Header is atomics and the mutex cell.
-            let h = unsafe { &*(m.base() as *const Header) };
-            h.magic.load(Acquire) == MAGIC
-        });
+    let header = map_header(&fd);
+    let initialised = header
+        .as_ref()
+        .is_some_and(|m| header_at(m).magic.load(Acquire) == MAGIC);
     let old = std::fs::metadata(format!("{}/{name}", sys::SHM_DIR))
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age >= JANITOR_GRACE);
-    (initialised || old) && sys::shm_unlink(name).is_ok()
+    (initialised || old)
+        && remove_if_last(&fd, name, || {
+            header
+                .as_ref()
+                .is_some_and(|m| claimed_by_creator(header_at(m)))
+        })
 }
 
 /// Removes segments of `namespace` (or of every namespace) that no live
-/// process holds. Returns the names removed.
+/// process holds and no live creator keeps. Returns the names removed.
 ///
 /// # Errors
 /// If `/dev/shm` cannot be listed.
@@ -1669,10 +1822,14 @@ pub fn cleanup_stale_segments(namespace: Option<&str>) -> Result<Vec<String>> {
         let Ok(fd) = sys::shm_open_existing(&name) else {
             continue;
         };
-        if let Ok(true) = sys::try_lock_exclusive(&fd) {
-            if sys::shm_unlink(&name).is_ok() {
-                removed.push(name);
-            }
+        let header = map_header(&fd);
+        let claimed = || {
+            header
+                .as_ref()
+                .is_some_and(|m| claimed_by_creator(header_at(m)))
+        };
+        if remove_if_last(&fd, &name, claimed) {
+            removed.push(name);
         }
     }
     Ok(removed)

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// Segment magic: "RLCHAN01" as little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RLCHAN01");
 /// Bumped on any change to the structs in this file.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Longest lane key, in bytes.
 pub const KEY_MAX: usize = 120;
 /// Number of arena size classes (see [`class_size`]).
@@ -41,6 +41,18 @@ pub mod slot_state {
     pub const READY: u32 = 2;
     /// The producer died before publishing; consumers skip it.
     pub const TOMBSTONE: u32 = 3;
+}
+
+/// Who keeps a segment's name: [`Header::owner`].
+pub mod owner {
+    /// Its holders: the last process to let go of the segment removes the name.
+    pub const HOLDERS: u32 = 0;
+    /// The creating process (`creator_pid`, `creator_start`) while it runs,
+    /// whether or not it still holds the segment; after that, its holders.
+    pub const CREATOR: u32 = 1;
+    /// The creator gave the name up (it released its channels or is
+    /// exiting): its holders again.
+    pub const RELEASED: u32 = 2;
 }
 
 /// Block states.
@@ -98,6 +110,10 @@ pub struct Header {
     pub free_heads: [AtomicU32; NUM_CLASSES],
     /// Bumped when a block is freed: producers waiting for arena space sleep here.
     pub space: WaitWord,
+    /// Start time of the creating process (with `creator_pid`, its identity).
+    pub creator_start: AtomicU64,
+    /// Who keeps the name (see [`owner`]).
+    pub owner: AtomicU32,
 }
 
 /// The pthread mutex, in its own aligned cell.

@@ -29,7 +29,7 @@ mod python;
 pub use agent::Agent;
 pub use channel::{
     Channel, ChannelError, ChannelOptions, Lease, PendingPut, Stats, cleanup_stale_segments,
-    release_all_names,
+    release_all_names, release_owned_names,
 };
 pub use remote::RemoteChannel;
 pub use transport::tcp::TcpTransport;

@@ -426,9 +426,11 @@ struct ChannelCore {
 
 #[pymethods]
 impl ChannelCore {
-    /// Creates the segment `rlinf.<namespace>.<name>`.
+    /// Creates the segment `rlinf.<namespace>.<name>`. With `owned`, this
+    /// process keeps its name until it ends or calls `release_owned_names`
+    /// (`Channel::create_owned`); without, its last holder removes it.
     #[staticmethod]
-    #[pyo3(signature = (namespace, name, max_lanes, lane_capacity, max_blocks, arena_bytes, user_tag=0))]
+    #[pyo3(signature = (namespace, name, max_lanes, lane_capacity, max_blocks, arena_bytes, user_tag=0, owned=false))]
     fn create(
         py: Python<'_>,
         namespace: &str,
@@ -438,6 +440,7 @@ impl ChannelCore {
         max_blocks: u32,
         arena_bytes: u64,
         user_tag: u32,
+        owned: bool,
     ) -> PyResult<Self> {
         let opts = ChannelOptions {
             max_lanes,
@@ -447,7 +450,13 @@ impl ChannelCore {
             user_tag,
         };
         let ch = py
-            .detach(|| Channel::create(namespace, name, opts))
+            .detach(|| {
+                if owned {
+                    Channel::create_owned(namespace, name, opts)
+                } else {
+                    Channel::create(namespace, name, opts)
+                }
+            })
             .map_err(to_py)?;
         Ok(Self { ch })
     }
@@ -780,18 +789,29 @@ fn parse_segment_name(name: &str) -> Option<(String, String)> {
     crate::naming::parse_segment_name(name).map(|(n, c)| (n.to_owned(), c.to_owned()))
 }
 
-/// Removes segments (of `namespace`, or all) that no live process holds.
+/// Removes segments (of `namespace`, or all) that no live process holds and
+/// no live creator keeps.
 #[pyfunction]
 #[pyo3(signature = (namespace=None))]
 fn cleanup_stale_segments(namespace: Option<&str>) -> PyResult<Vec<String>> {
     crate::channel::cleanup_stale_segments(namespace).map_err(to_py)
 }
 
-/// Unlinks the names of this process's channels that no other process holds
-/// (registered with `atexit` by `rlinf.core.channel`).
+/// Gives up the names this process created (owned) and unlinks the names of
+/// this process's channels that no other process holds (registered with
+/// `atexit` by `rlinf.core.channel`). Returns the number of names removed.
 #[pyfunction]
-fn release_all_names() -> usize {
-    crate::channel::release_all_names()
+fn release_all_names(py: Python<'_>) -> usize {
+    py.detach(crate::channel::release_all_names)
+}
+
+/// Gives up the names of the channels this process created owned (of
+/// `namespace`, or all): each goes now if nobody holds it, else with its last
+/// holder. Returns the number of names removed now.
+#[pyfunction]
+#[pyo3(signature = (namespace=None))]
+fn release_owned_names(py: Python<'_>, namespace: Option<&str>) -> usize {
+    py.detach(|| crate::channel::release_owned_names(namespace))
 }
 
 /// Counters of how this process's channel waits went (spins, sleeps, skips).
@@ -808,6 +828,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_segment_name, m)?)?;
     m.add_function(wrap_pyfunction!(cleanup_stale_segments, m)?)?;
     m.add_function(wrap_pyfunction!(release_all_names, m)?)?;
+    m.add_function(wrap_pyfunction!(release_owned_names, m)?)?;
     m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add_class::<ChannelCore>()?;

@@ -43,6 +43,18 @@ pub fn shm_unlink(name: &str) -> io::Result<()> {
     Ok(shm::unlink(format!("/{name}").as_str())?)
 }
 
+/// Whether the shared-memory name `name` still refers to the file behind `fd`
+/// (not removed, and not removed and created again by someone else).
+pub fn is_named(fd: impl AsFd, name: &str) -> bool {
+    let (Ok(ours), Ok(named)) = (
+        rustix::fs::fstat(fd),
+        rustix::fs::stat(format!("{SHM_DIR}/{name}").as_str()),
+    ) else {
+        return false;
+    };
+    (ours.st_dev, ours.st_ino) == (named.st_dev, named.st_ino)
+}
+
 /// Size in bytes of the file behind `fd`.
 pub fn file_size(fd: impl AsFd) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_size as u64)

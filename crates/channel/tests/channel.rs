@@ -8,7 +8,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rlinf_channel::channel::{message_size, parse_message};
-use rlinf_channel::{Channel, ChannelError, ChannelOptions, cleanup_stale_segments};
+use rlinf_channel::{
+    Channel, ChannelError, ChannelOptions, cleanup_stale_segments, release_all_names,
+    release_owned_names,
+};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -318,6 +321,17 @@ fn child_entry() {
         thread::sleep(Duration::from_secs(60));
         return;
     }
+    if role == "create-owned-drop-and-hang" {
+        let ns = std::env::var("RLINF_TEST_NS").unwrap();
+        let name = std::env::var("RLINF_TEST_NAME").unwrap();
+        drop(Channel::create_owned(&ns, &name, small()).unwrap());
+        thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    if role == "owned-scenarios" {
+        owned_scenarios();
+        return;
+    }
     let ch = Channel::attach(
         &std::env::var("RLINF_TEST_NS").unwrap(),
         &std::env::var("RLINF_TEST_NAME").unwrap(),
@@ -481,6 +495,102 @@ fn a_dead_runs_segment_of_the_same_name_is_replaced_on_create() {
     let ch = Channel::create(&ns(), &name, small()).unwrap();
     drop(ch);
     assert!(!std::path::Path::new(&path).exists());
+}
+
+fn age(path: &str) {
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(old).unwrap();
+}
+
+fn wait_attach(ns: &str, name: &str) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Channel::attach(ns, name) {
+            Ok(ch) => return ch,
+            Err(e) => assert!(Instant::now() < deadline, "never created: {e}"),
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn owned_names_live_until_their_creator_ends_or_releases() {
+    // Alone in a child process: `release_all_names` in a parallel test of
+    // this binary would release this process's names midway.
+    let status = spawn_child("owned-scenarios", "unused").wait().unwrap();
+    assert!(status.success(), "owned scenarios failed (see stderr)");
+}
+
+fn owned_scenarios() {
+    let ns = ns();
+    let path = |name: &str| format!("/dev/shm/rlinf.{ns}.{name}");
+    let exists = |name: &str| std::path::Path::new(&path(name)).exists();
+
+    // Dropping every handle keeps the name while the creator runs.
+    let name = unique("owned");
+    drop(Channel::create_owned(&ns, &name, small()).unwrap());
+    assert!(exists(&name), "the creator's dropped handle kept the name");
+    let ch = Channel::attach(&ns, &name).unwrap();
+    let lane = ch.lane(b"k").unwrap();
+    put_bytes(&ch, lane, b"kept", 1);
+    drop(ch);
+    assert!(exists(&name), "a connected handle going does not remove it");
+    assert!(matches!(
+        Channel::create(&ns, &name, small()),
+        Err(ChannelError::Exists(_))
+    ));
+    age(&path(&name));
+    assert!(
+        cleanup_stale_segments(Some(&ns)).unwrap().is_empty(),
+        "the janitor leaves a live creator's segment alone"
+    );
+    let ch = Channel::attach(&ns, &name).unwrap();
+    assert_eq!(get_bytes(&ch, lane), b"kept");
+
+    // Released while held: the name goes with the last holder.
+    assert_eq!(release_owned_names(Some(&ns)), 0);
+    assert!(exists(&name));
+    drop(ch);
+    assert!(!exists(&name));
+
+    // Released while nobody holds it: gone at once; only the namespace asked for.
+    let other_ns = format!("{ns}x");
+    let a = unique("owned-a");
+    drop(Channel::create_owned(&ns, &a, small()).unwrap());
+    drop(Channel::create_owned(&other_ns, &a, small()).unwrap());
+    assert_eq!(release_owned_names(Some(&ns)), 1);
+    assert!(!exists(&a));
+    let other = format!("/dev/shm/rlinf.{other_ns}.{a}");
+    assert!(std::path::Path::new(&other).exists());
+    assert_eq!(release_all_names(), 1); // the exit hook releases the rest
+    assert!(!std::path::Path::new(&other).exists());
+
+    // A killed creator keeps nothing: its last surviving holder removes the name...
+    let b = unique("owned-killed");
+    let mut child = spawn_child("create-owned-drop-and-hang", &b);
+    drop(wait_attach(&ns, &b));
+    assert!(exists(&b), "the creator (alive, holding nothing) keeps it");
+    let held = Channel::attach(&ns, &b).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(exists(&b));
+    drop(held);
+    assert!(
+        !exists(&b),
+        "the last holder after the creator died removes it"
+    );
+
+    // ... or, with nobody holding it, the janitor.
+    let c = unique("owned-janitor");
+    let mut child = spawn_child("create-owned-drop-and-hang", &c);
+    drop(wait_attach(&ns, &c));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(exists(&c), "nobody was left to remove it");
+    age(&path(&c));
+    let removed = cleanup_stale_segments(Some(&ns)).unwrap();
+    assert!(removed.iter().any(|n| n.ends_with(&c)) && !exists(&c));
 }
 
 #[test]

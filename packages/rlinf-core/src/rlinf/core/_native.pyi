@@ -31,6 +31,7 @@ class ChannelCore:
         max_blocks: int,
         arena_bytes: int,
         user_tag: int = 0,
+        owned: bool = False,
     ) -> ChannelCore: ...
     @staticmethod
     def attach(namespace: str, name: str) -> ChannelCore: ...
@@ -123,10 +124,13 @@ def parse_segment_name(name: str) -> tuple[str, str] | None:
     """``(namespace, channel)`` of a name built by :func:`segment_name`, else None."""
 
 def cleanup_stale_segments(namespace: str | None = None) -> list[str]:
-    """Removes segments that no live process holds; returns their names."""
+    """Removes segments no live process holds nor live creator keeps; returns their names."""
 
 def release_all_names() -> int:
-    """Unlinks the names of this process's channels that no other process holds."""
+    """Gives up the names this process created; unlinks those of its channels nobody holds."""
+
+def release_owned_names(namespace: str | None = None) -> int:
+    """Gives up the names of channels this process created owned; returns how many went at once."""
 
 def wait_stats() -> dict[str, int]:
     """Counters of this process's channel waits: spin hits/misses, skips, sleeps."""

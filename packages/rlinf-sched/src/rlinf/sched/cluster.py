@@ -25,7 +25,12 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 import ray
 
 from rlinf.core._native import parse_segment_name
-from rlinf.core.channel import cleanup_stale_segments, default_namespace, set_resolver
+from rlinf.core.channel import (
+    cleanup_stale_segments,
+    default_namespace,
+    release_created_channels,
+    set_resolver,
+)
 from rlinf.core.logging import get_logger
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
 from rlinf.sched.comm.directory import get_directory, install_resolver
@@ -157,7 +162,14 @@ class Cluster:
         return self._owns_ray
 
     def shutdown(self) -> None:
-        """Stops Ray if this object started it, and removes stale channel segments.
+        """Stops Ray if this object started it, releases the driver's channels, removes stale ones.
+
+        In the driver (the process whose ``Cluster`` made the run's directory)
+        this also gives up the channels the driver created in the run's
+        namespace (:func:`rlinf.core.channel.release_created_channels`): a
+        channel made with ``Channel.create`` lives until its creator ends, and
+        for the driver the run ends here. Then segments nobody holds are
+        removed (killed workers' included).
 
         Idempotent. A ``Cluster`` that attached to a running Ray leaves it running.
         """
@@ -172,6 +184,7 @@ class Cluster:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
         set_resolver(None)
+        released = release_created_channels(default_namespace()) if self._owns_directory else 0
         removed = cleanup_stale_segments(default_namespace())
         if self._owns_ray or self._owns_directory:
             # Killed workers may still be exiting (and holding segments).
@@ -179,6 +192,8 @@ class Cluster:
             while _segments_left(default_namespace()) and time.monotonic() < deadline:
                 time.sleep(0.1)
                 removed += cleanup_stale_segments(default_namespace())
+        if released:
+            _log.info("released %d channel(s) created by this process", released)
         if removed:
             _log.info("removed %d stale channel segment(s)", len(removed))
 

@@ -20,6 +20,7 @@ from rlinf.core.channel.channel import (
     NAMESPACE_ENV,
     Channel,
     default_namespace,
+    release_created_channels,
 )
 from rlinf.core.channel.resolver import ChannelResolver, get_resolver, set_resolver
 
@@ -38,5 +39,6 @@ __all__ = [
     "cleanup_stale_segments",
     "default_namespace",
     "get_resolver",
+    "release_created_channels",
     "set_resolver",
 ]

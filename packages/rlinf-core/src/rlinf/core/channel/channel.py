@@ -5,12 +5,50 @@ per key (0 = bounded only by ``max_items`` and ``capacity_bytes``),
 ``put_nowait``/``get_nowait`` raise ``asyncio.QueueFull``/``QueueEmpty``. Any
 process on the node can ``connect`` by name; a ``Channel`` pickles as its name,
 so passing one to a Ray actor connects there.
+
+Lifetime. A channel made by :meth:`Channel.create` belongs to the process that
+created it, not to the returned object: dropping every handle keeps it, by
+name and contents, until
+
+(a) the creating process ends: at a normal exit (``atexit``) its names are
+    given up and each goes at once if no other process holds the channel,
+    else with its last holder; a creator killed by a signal keeps nothing
+    either, its last surviving holder or ``cleanup_stale_segments`` removes it;
+(b) anyone calls :meth:`Channel.unlink` (the memory is freed when the last
+    process holding the channel lets go; the creator pins nothing);
+(c) the creating process calls :func:`release_created_channels`
+    (``rlinf.sched.Cluster.shutdown()`` does, in the driver, for the run's
+    namespace); the names then go as in (a).
+
+Handles from :meth:`Channel.connect` (or from ``create(exist_ok=True)`` finding
+the channel there) keep the channel only while they live, as before.
+
+Why the claim is kept in the segment, not in a registry here. The simpler
+design, a module-level registry of the created handles, keeps each channel
+alive through an open descriptor and a mapping in the creator: after an
+``unlink()`` by another process the memory would stay pinned until the
+creator noticed, and the registry's handles would hold the ``flock`` that
+marks a live holder. Instead the segment header records its creator (pid and
+start time, the liveness test leases already use) and whether the creator
+still claims the name; the last-holder rule (a handle's ``Drop``,
+``release_all_names``, ``cleanup_stale_segments``) skips a name whose creator
+is alive and claims it. So nothing in the creator pins memory, crash safety is
+unchanged (a dead creator is detected as any dead peer is), and the rule holds
+in Rust as well (``Channel::create_owned``); see ``crates/channel/README.md``,
+"Cleanup".
+
+A channel created with ``address=`` lives on another node, where this
+process's liveness cannot be seen: there the creator keeps its connection to
+the home node's agent open (the agent holds the channel for it) until this
+process ends (the kernel closes the socket even on SIGKILL), it calls
+:func:`release_created_channels`, or it calls ``unlink()`` on the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import multiprocessing.util
 import numbers
 import os
 import pickle
@@ -30,6 +68,7 @@ __all__ = [
     "Channel",
     "ChannelClosed",
     "ChannelNotFound",
+    "release_created_channels",
 ]
 
 DEFAULT_KEY = "default_queue"
@@ -54,9 +93,53 @@ _ASYNC_INLINE_BYTES = 1 << 20
 _T = TypeVar("_T")
 _executor: ThreadPoolExecutor | None = None
 
-# Objects alive at interpreter exit are not always destroyed, so release the
-# names of this process's segments explicitly (the last holder unlinks).
-atexit.register(_native.release_all_names)
+# Connections to other nodes' agents that keep the channels this process
+# created there, by (address, namespace, name); see the module docstring.
+_remote_created: dict[tuple[str, str, str], _native.RemoteCore] = {}
+
+
+def release_created_channels(namespace: str | None = None) -> int:
+    """Gives up the channels this process created (in ``namespace``, or all).
+
+    What the end of this process does, earlier: each shared-memory channel
+    this process created with :meth:`Channel.create` goes at once if no
+    process holds it, else when its last holder lets go; the connections that
+    keep channels created on other nodes (``address=``) are closed. Handles
+    still in use keep working. ``rlinf.sched.Cluster.shutdown()`` calls this
+    for the run's namespace.
+
+    Returns:
+        The number of shared-memory names removed at once.
+    """
+    for key in [k for k in _remote_created if namespace is None or k[1] == namespace]:
+        del _remote_created[key]
+    return int(_native.release_owned_names(namespace))
+
+
+def _release_at_exit() -> None:
+    _remote_created.clear()
+    _native.release_all_names()
+
+
+# Objects alive at interpreter exit are not always destroyed, so give up this
+# process's names explicitly (the last holder unlinks).
+atexit.register(_release_at_exit)
+
+
+def _after_fork_in_multiprocessing_child(_: object) -> None:
+    # multiprocessing ends fork and forkserver children with os._exit, which
+    # skips atexit; its own exit finalizers still run, so a child's normal
+    # exit gives up the names it created too. (Other os._exit calls count as
+    # a kill: the last holder or the janitor removes the names.)
+    multiprocessing.util.Finalize(None, _release_at_exit, exitpriority=-100)
+
+
+class _AfterForkToken:
+    """A weak-referenceable key for ``multiprocessing.util.register_after_fork``."""
+
+
+_AFTER_FORK_TOKEN = _AfterForkToken()
+multiprocessing.util.register_after_fork(_AFTER_FORK_TOKEN, _after_fork_in_multiprocessing_child)
 
 
 def _print_wait_stats() -> None:
@@ -155,6 +238,10 @@ class Channel:
     Numpy arrays and CPU torch tensors anywhere in an item travel out of band
     and arrive as writable views into shared memory; the memory returns to the
     channel when the last view is garbage collected.
+
+    A created channel belongs to the creating process, not to the object: it
+    stays until that process ends, someone calls :meth:`unlink`, or the
+    process calls :func:`release_created_channels` (see the module docstring).
     """
 
     def __init__(self, core: _Core, name: str, namespace: str, address: str | None = None) -> None:
@@ -182,7 +269,12 @@ class Channel:
         exist_ok: bool = False,
         address: str | None = None,
     ) -> Channel:
-        """Creates a channel.
+        """Creates a channel that lives until this process ends, not just this object.
+
+        The channel outlives the returned object: other processes can connect
+        by name after it is dropped. It goes when this process ends (normally
+        or killed), when anyone calls :meth:`unlink`, or when this process
+        calls :func:`release_created_channels`; see the module docstring.
 
         Args:
             name: Channel name: letters, digits, ``_``, ``-``, ``.``.
@@ -197,7 +289,9 @@ class Channel:
                 only pages actually used take memory).
             exist_ok: Connect instead of failing if the channel exists.
             address: ``host:port`` of the channel agent of another node: create
-                the channel there (its home) and reach it over TCP.
+                the channel there (its home) and reach it over TCP. This
+                process then keeps its connection to that agent open until it
+                ends, calls :func:`release_created_channels` or :meth:`unlink`.
 
         Returns:
             The channel.
@@ -215,9 +309,10 @@ class Channel:
         try:
             core: _Core
             if address is None:
-                core = _native.ChannelCore.create(namespace, name, *sizes)
+                core = _native.ChannelCore.create(namespace, name, *sizes, owned=True)
             else:
                 core = _native.RemoteCore.connect(address, namespace, name, True, *sizes)
+                _remote_created[(address, namespace, name)] = core
         except _native.ChannelExists:
             if not exist_ok:
                 raise
@@ -492,12 +587,20 @@ class Channel:
     def unlink(self) -> bool:
         """Removes the channel's name now; returns whether a name was removed.
 
+        Any process holding the channel may call it, whoever created it.
         Processes that hold the channel keep using it; new ``connect`` calls
-        fail. The memory is freed when the last holder lets go. The owner of
-        a channel (e.g. a worker, for its inbox) calls this at shutdown so the
-        name never outlives it, even if a peer still holds the channel.
+        fail. The memory is freed when the last holder lets go (the creating
+        process keeps nothing of it). The owner of a channel (e.g. a worker,
+        for its inbox) calls this at shutdown so the name never outlives it,
+        even if a peer still holds the channel.
+
+        For a channel reached over TCP the name belongs to its home node:
+        nothing is removed there (returns False), but if this process created
+        the channel it stops keeping it, so the channel goes with its last
+        holder.
         """
         if self._address is not None:
+            _remote_created.pop((self._address, self._namespace, self._name), None)
             return False  # the home node's processes own the name
         try:
             os.unlink(os.path.join("/dev/shm", _native.segment_name(self._namespace, self._name)))
