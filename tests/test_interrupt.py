@@ -13,7 +13,6 @@ cluster another test left running).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -118,19 +117,9 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
 
 @pytest.fixture
 def tiny_reasoning_task(tmp_path: Path) -> Path:
-    from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+    from rlinf.reasoning.toy_task import make_smoke_task
 
-    tok = build_tokenizer()
-    model = build_toy_model(
-        toy_model_config(
-            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-        )
-    )
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(64)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return tmp_path
+    return make_smoke_task(tmp_path / "task")
 
 
 def test_ctrl_c_stops_the_reasoning_example_cleanly(

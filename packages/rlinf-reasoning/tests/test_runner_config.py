@@ -18,7 +18,7 @@ from rlinf.core.config import ConfigError, load_config, validate_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import DatasetError
 from rlinf.reasoning.runner import ReasoningRunner, find_latest_checkpoint
-from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+from rlinf.reasoning.toy_task import build_tokenizer, make_smoke_task
 from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "reasoning"
@@ -61,17 +61,7 @@ def _issue_paths(err: ConfigError) -> list[str]:
 
 @pytest.fixture
 def toy_dir(tmp_path: Path) -> Path:
-    tok = build_tokenizer()
-    model = build_toy_model(
-        toy_model_config(
-            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-        )
-    )
-    model.save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(12)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return tmp_path
+    return make_smoke_task(tmp_path, num_prompts=12)
 
 
 class _FakeGroup:

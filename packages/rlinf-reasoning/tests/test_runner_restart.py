@@ -10,7 +10,6 @@ cursor, RNG) and finish all six steps.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -25,7 +24,7 @@ from rlinf.core.config import validate_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data.sampler import ResumableSampler
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
-from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+from rlinf.reasoning.toy_task import make_smoke_task
 from rlinf.sched import Cluster, WorkerDiedError, WorkerGroup
 
 STEPS = 6
@@ -35,18 +34,7 @@ PLACEMENT = {"actor": "0-1", "rollout": "0-1", "reward": "0-1"}
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("toy")
-    tok = build_tokenizer()
-    model = build_toy_model(
-        toy_model_config(
-            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-        )
-    )
-    model.save_pretrained(out / "model")
-    tok.save_pretrained(out / "model")
-    rows = [{"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(40)]
-    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return out
+    return make_smoke_task(tmp_path_factory.mktemp("toy"), num_prompts=40)
 
 
 def make_config(toy: Path, logs: Path, name: str, max_restarts: int) -> ReasoningConfig:

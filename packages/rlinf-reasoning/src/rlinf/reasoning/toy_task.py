@@ -52,6 +52,7 @@ __all__ = [
     "extract_answer",
     "is_correct",
     "make_problems",
+    "make_smoke_task",
     "make_toy_task",
     "read_jsonl",
     "sft_warm_start",
@@ -269,6 +270,43 @@ def build_toy_model(config: Qwen2Config, *, seed: int = 0) -> Qwen2ForCausalLM:
         pad_token_id=config.pad_token_id,
     )
     return model
+
+
+def make_smoke_task(out: str | Path, num_prompts: int = 64) -> Path:
+    """The smallest runnable task: an untrained one-layer model and ``n+1=`` prompts.
+
+    For smoke tests of the plumbing (placement, restarts, Ctrl-C, config
+    errors), where learning does not matter and the SFT warm start of
+    :func:`make_toy_task` would only cost time. Writes ``out/model`` (weights,
+    config and tokenizer: a ``model_path``) and ``out/train.jsonl`` (rows
+    ``{"problem": "3+1=", "answer": "4"}``).
+
+    Args:
+        out: The folder to write (created if missing).
+        num_prompts: Rows of ``train.jsonl``.
+
+    Returns:
+        ``out`` as a Path.
+    """
+    out = Path(out)
+    tokenizer = build_tokenizer()
+    model = build_toy_model(
+        toy_model_config(
+            tokenizer,
+            hidden_size=32,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=64,
+        )
+    )
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    write_jsonl(
+        out / "train.jsonl",
+        ({"problem": f"{i}+1=", "answer": str(i + 1)} for i in range(num_prompts)),
+    )
+    return out
 
 
 # ------------------------------------------------------------------------- SFT
