@@ -20,6 +20,7 @@ import gc
 import os
 import platform
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -323,6 +324,10 @@ def bench_namespace() -> Iterator[str]:
         else:
             os.environ[NAMESPACE_ENV] = old
         gc.collect()
+        channel = sys.modules.get("rlinf.core.channel")
+        release = getattr(channel, "release_created_channels", None)
+        if release is not None:  # what this process's exit does (channels it created)
+            release(ns)
         left = shm_leftovers(ns)
         if left:
             from rlinf.core.channel import cleanup_stale_segments
@@ -333,8 +338,6 @@ def bench_namespace() -> Iterator[str]:
 
 def env_info() -> dict[str, Any]:
     """Facts that explain a number: load, cores, kernel, CPU, versions."""
-    import sys
-
     info: dict[str, Any] = {
         "loadavg": os.getloadavg(),
         "nproc": os.cpu_count(),
