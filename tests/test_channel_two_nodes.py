@@ -8,6 +8,7 @@ process on another node would; payload bytes never touch their shared memory.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import signal
@@ -24,6 +25,9 @@ from rlinf.core.channel import AGENT_ENV, Channel, ChannelAgent
 
 CTX = mp.get_context("spawn")
 REPO = Path(__file__).resolve().parents[1]
+# Bound of waits that must succeed long before it (spawned children import numpy
+# and the channel first: seconds on 2 busy cores); no pass depends on speed.
+WAIT_S = 120.0
 
 
 @pytest.fixture
@@ -60,17 +64,19 @@ def _run_with_env(env: dict[str, str], target, *args) -> mp.Process:  # type: ig
 
 
 def _echo_node(name: str, n: int) -> None:
-    ch = Channel.connect(name, timeout=10)
+    ch = Channel.connect(name, timeout=WAIT_S)
     assert ch.address is not None, "the child must be on the TCP path"
     for _ in range(n):
-        item = ch.get(key="to_child", timeout=30)
+        item = ch.get(key="to_child", timeout=WAIT_S)
         arr = item["data"]
         arr += 1  # received arrays are writable
         ch.put(
-            {"seq": item["seq"], "data": arr, "sum": float(arr.sum())}, key="to_parent", timeout=30
+            {"seq": item["seq"], "data": arr, "sum": float(arr.sum())},
+            key="to_parent",
+            timeout=WAIT_S,
         )
-    batch = ch.get_batch(3, key="weighted", timeout=30)
-    ch.put([x["w"] for x in batch], key="to_parent", timeout=30)
+    batch = ch.get_batch(3, key="weighted", timeout=WAIT_S)
+    ch.put([x["w"] for x in batch], key="to_parent", timeout=WAIT_S)
 
 
 def test_remote_node_roundtrips_arrays_in_order(agent: ChannelAgent) -> None:
@@ -83,63 +89,89 @@ def test_remote_node_roundtrips_arrays_in_order(agent: ChannelAgent) -> None:
         for seq in range(50):
             data = rng.random(rng.integers(1, 200_000))
             sent.append(data)
-            home.put({"seq": seq, "data": data}, key="to_child", timeout=30)
-            reply = home.get(key="to_parent", timeout=30)
+            home.put({"seq": seq, "data": data}, key="to_child", timeout=WAIT_S)
+            reply = home.get(key="to_parent", timeout=WAIT_S)
             assert reply["seq"] == seq
             np.testing.assert_array_equal(reply["data"], data + 1)
             assert reply["sum"] == pytest.approx(float((data + 1).sum()))
         for w in (1, 2, 3):
             home.put({"w": w}, key="weighted", weight=w)
-        assert home.get(key="to_parent", timeout=30) == [1, 2]
-        child.join(30)
+        assert home.get(key="to_parent", timeout=WAIT_S) == [1, 2]
+        child.join(WAIT_S)
         assert child.exitcode == 0
     finally:
         if child.is_alive():
             child.kill()
 
 
-def _stream_forever(name: str, done: mp.Value) -> None:  # type: ignore[valid-type]
-    ch = Channel.connect(name, timeout=10)
+def _stream_forever(name: str, key: int, done: mp.Value) -> None:  # type: ignore[valid-type]
+    ch = Channel.connect(name, timeout=WAIT_S)
     payload = np.zeros(1 << 20, dtype=np.int64)  # 8 MiB
     seq = 0
     while True:
         payload.fill(seq)
-        ch.put({"seq": seq, "payload": payload}, timeout=30)
+        ch.put({"seq": seq, "payload": payload}, key=key, timeout=WAIT_S)
         done.value = seq  # type: ignore[attr-defined]
         seq += 1
+
+
+def _check_whole(item: dict[str, object]) -> int:
+    payload, seq = item["payload"], item["seq"]
+    assert isinstance(payload, np.ndarray) and isinstance(seq, int)
+    assert (payload == seq).all(), "torn item"
+    return seq
 
 
 def test_remote_producer_killed_mid_transfer_leaves_no_torn_item(agent: ChannelAgent) -> None:
     name = f"two_nodes_kill_{uuid.uuid4().hex[:8]}"
     home = Channel.create(name, maxsize=2)
     rng = np.random.default_rng(1)
-    for _round in range(5):
+    in_flight = {}  # round -> seq of the put that was in flight when its producer died
+    for round_ in range(5):
+        # Each round streams under its own key, so the in-flight item of a killed
+        # producer, whenever the agent publishes it, is never read as the next
+        # round's.
         done = CTX.Value("q", -1)
-        child = _run_with_env(_remote_env(agent), _stream_forever, name, done)
+        child = _run_with_env(_remote_env(agent), _stream_forever, name, round_, done)
         received = []
         try:
-            received.append(home.get(timeout=30)["seq"])
+            received.append(_check_whole(home.get(key=round_, timeout=WAIT_S)))
             time.sleep(float(rng.uniform(0, 0.05)))
             os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-            child.join(10)
+            child.join(WAIT_S)
             last_done = done.value  # type: ignore[attr-defined]
-            while True:
-                try:
-                    item = home.get(timeout=1.0)
-                except TimeoutError:
-                    break
-                assert (item["payload"] == item["seq"]).all(), "torn item"
-                received.append(item["seq"])
+            # Every put that returned before the kill arrives whole and in order.
+            while received[-1] < last_done:
+                item = home.get(key=round_, timeout=WAIT_S)
+                received.append(_check_whole(item))
+                del item
+            # The one in flight may be here already, come later, or never come.
+            try:
+                item = home.get_nowait(key=round_)
+            except asyncio.QueueEmpty:
+                pass
+            else:
+                received.append(_check_whole(item))
                 del item
         finally:
             if child.is_alive():
                 child.kill()
         assert received == list(range(len(received))), "in order, nothing lost"
         assert last_done <= received[-1] <= last_done + 1
-    # The agent withdrew the dead peer's reservation and freed its blocks.
-    deadline = time.monotonic() + 5
+        in_flight[round_] = received[-1] + 1
+    # The agent withdrew the dead peers' reservations and freed their blocks.
+    deadline = time.monotonic() + WAIT_S
     while home.stats()["writing_blocks"] and time.monotonic() < deadline:
         time.sleep(0.05)
+    # An in-flight item published after its round was checked: whole, the next seq.
+    for round_, seq in in_flight.items():
+        try:
+            item = home.get_nowait(key=round_)
+        except asyncio.QueueEmpty:
+            continue
+        assert _check_whole(item) == seq, "only the in-flight put can come late"
+        del item
+        assert home.qsize(round_) == 0, "only the in-flight put can come late"
     stats = home.stats()
     assert stats["writing_blocks"] == 0 and stats["leased_blocks"] == 0, stats
 

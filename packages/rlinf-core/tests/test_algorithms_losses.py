@@ -289,6 +289,51 @@ def test_entropy_from_logits() -> None:
         entropy_from_logits(torch.tensor(1.0))
 
 
+def test_entropy_of_masked_vocabulary_is_finite_and_exact_with_finite_gradients() -> None:
+    """``-inf`` logits (masked classes, p = 0) add 0 to the entropy and to its gradient."""
+    inf = float("inf")
+    logits = torch.tensor(
+        [
+            [0.0, math.log(3.0), -inf, -inf],  # p = [1/4, 3/4, 0, 0]
+            [-inf, 2.0, 2.0, -inf],  # uniform over 2
+            [-inf, -inf, 5.0, -inf],  # one class left: 0
+            [1.0, 1.0, 1.0, 1.0],  # nothing masked: ln 4
+        ],
+        requires_grad=True,
+    )
+    h = entropy_from_logits(logits)
+    h14 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # 0.5623351446...
+    close(h, [h14, math.log(2), 0.0, math.log(4)], atol=1e-6)
+    # dH/dx_j = -p_j (ln p_j + H): finite where p_j > 0, exactly 0 on masked classes.
+    h.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    g = -0.25 * (math.log(0.25) + h14)
+    close(logits.grad[0], [g, -g, 0.0, 0.0], atol=1e-6)
+    close(logits.grad[1:], [[0.0] * 4] * 3, atol=1e-6)
+    assert (logits.grad[logits.isinf()] == 0).all()
+
+
+def test_entropy_of_masked_btv_logits_matches_the_unmasked_subset() -> None:
+    """[B, T, V] logits with a masked vocabulary tail, as a policy with padded vocab gives."""
+    gen = torch.Generator().manual_seed(0)
+    b, t, v, kept = 2, 3, 11, 7
+    raw = torch.randn(b, t, v, generator=gen) * 3
+    masked = raw.clone()
+    masked[..., kept:] = -float("inf")
+    masked.requires_grad_()
+    h = entropy_from_logits(masked)
+    assert h.shape == (b, t) and torch.isfinite(h).all()
+    p = torch.softmax(raw[..., :kept].double(), dim=-1)
+    torch.testing.assert_close(h.double(), -(p * p.log()).sum(-1), atol=1e-5, rtol=0)
+    # An entropy bonus backpropagates through it: finite, 0 on the masked vocabulary.
+    (-0.01 * h.mean()).backward()
+    assert masked.grad is not None and torch.isfinite(masked.grad).all()
+    assert (masked.grad[..., kept:] == 0).all()
+    # Half-precision input with -inf: computed in float32, still finite.
+    h16 = entropy_from_logits(masked.detach().half())
+    assert h16.dtype == torch.float32 and torch.isfinite(h16).all()
+
+
 # ----------------------------------------------------------------------------- masked stats
 
 

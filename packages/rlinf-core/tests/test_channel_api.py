@@ -29,11 +29,13 @@ from rlinf.core.channel import (
     ChannelExists,
     ChannelNotFound,
     default_namespace,
+    release_created_channels,
 )
 
-# Generous bounds: the suite runs on 2 busy cores.
-SLACK_S = 1.5
-WAIT_S = 10.0
+# Bound of waits that must succeed, or be woken (by a put, a close), long before
+# it: no pass depends on the machine's speed, and pytest-timeout catches a hang.
+# Timeouts that must fire are checked from below only (load cannot shorten them).
+WAIT_S = 60.0
 
 
 @pytest.fixture
@@ -60,7 +62,6 @@ class Worker:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.finished_at = 0.0
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -70,10 +71,9 @@ class Worker:
         except BaseException as err:
             self.error = err
         finally:
-            self.finished_at = time.monotonic()
             self.done.set()
 
-    def join(self, timeout: float = WAIT_S) -> Any:
+    def join(self, timeout: float = 2 * WAIT_S) -> Any:
         assert self.done.wait(timeout), "worker thread did not finish"
         self._thread.join(timeout)
         if self.error is not None:
@@ -400,8 +400,7 @@ def test_put_timeout_on_full_key(channel_name: str) -> None:
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ch.put(1, timeout=0.1)
-    elapsed = time.monotonic() - start
-    assert 0.09 <= elapsed < 0.1 + SLACK_S
+    assert time.monotonic() - start >= 0.09
     assert ch.qsize() == 1
 
 
@@ -436,8 +435,7 @@ def test_get_timeout_bounds(ch: Channel, timeout: float) -> None:
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ch.get(timeout=timeout)
-    elapsed = time.monotonic() - start
-    assert timeout * 0.95 <= elapsed < timeout + SLACK_S
+    assert time.monotonic() - start >= timeout * 0.95  # waited the whole timeout
 
 
 def test_get_with_zero_timeout_returns_a_ready_item(ch: Channel) -> None:
@@ -497,7 +495,7 @@ def test_get_batch_times_out_without_taking_anything(ch: Channel) -> None:
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ch.get_batch(3, timeout=0.2)
-    assert 0.19 <= time.monotonic() - start < 0.2 + SLACK_S
+    assert time.monotonic() - start >= 0.19
     assert ch.qsize() == 2
 
 
@@ -558,14 +556,13 @@ def test_unbounded_channel_is_never_full(ch: Channel) -> None:
 # ----- close --------------------------------------------------------------------------
 
 
-def test_close_wakes_a_blocked_getter_within_a_second(ch: Channel) -> None:
+def test_close_wakes_a_blocked_getter(ch: Channel) -> None:
     getter = Worker(lambda: ch.get(timeout=WAIT_S))
     assert not getter.done.wait(0.2)
-    closed_at = time.monotonic()
     ch.close()
+    # Woken by the close: ChannelClosed, not a TimeoutError after WAIT_S.
     with pytest.raises(ChannelClosed):
         getter.join()
-    assert getter.finished_at - closed_at < 1.0
 
 
 def test_close_wakes_a_blocked_putter_and_batch_getter(channel_name: str) -> None:
@@ -574,12 +571,10 @@ def test_close_wakes_a_blocked_putter_and_batch_getter(channel_name: str) -> Non
     putter = Worker(lambda: ch.put("blocked", timeout=WAIT_S))
     batcher = Worker(lambda: ch.get_batch(5, key="b", timeout=WAIT_S))
     assert not putter.done.wait(0.2) and not batcher.done.is_set()
-    closed_at = time.monotonic()
     ch.close()
-    for worker in (putter, batcher):
+    for worker in (putter, batcher):  # woken: ChannelClosed, not a TimeoutError
         with pytest.raises(ChannelClosed):
             worker.join()
-        assert worker.finished_at - closed_at < 1.0
 
 
 def test_after_close_puts_fail_and_gets_drain(ch: Channel) -> None:
@@ -653,6 +648,8 @@ def test_properties_and_segment_file(channel_name: str) -> None:
     assert stats["arena_size"] == 1 << 20
     del ch
     gc.collect()
+    assert segment.exists()  # the creating process keeps it, not the object
+    Channel.connect(channel_name).unlink()
     assert not segment.exists()
 
 
@@ -666,6 +663,10 @@ def test_explicit_namespace(channel_name: str) -> None:
     assert Channel.connect(channel_name, namespace=namespace).get_nowait() == 1
     del ch
     gc.collect()
+    assert Path(f"/dev/shm/rlinf.{namespace}.{channel_name}").exists()
+    assert release_created_channels(default_namespace()) == 0  # another namespace
+    assert Path(f"/dev/shm/rlinf.{namespace}.{channel_name}").exists()
+    assert release_created_channels(namespace) == 1
     assert not Path(f"/dev/shm/rlinf.{namespace}.{channel_name}").exists()
 
 

@@ -81,7 +81,7 @@ def mapped_here(path: Path) -> bool:
     return False
 
 
-def wait_gone(path: Path, timeout: float = 10.0) -> None:
+def wait_gone(path: Path, timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while path.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -30,7 +30,9 @@ def child(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-WAIT_S = 30.0
+# Bound of waits that must succeed long before it: spawned children import
+# numpy and the channel first, which takes seconds on 2 busy cores.
+WAIT_S = 120.0
 CTX = mp.get_context("spawn")
 
 

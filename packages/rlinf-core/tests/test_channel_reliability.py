@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlinf.core.channel import Channel, cleanup_stale_segments, default_namespace
+from rlinf.core.channel import (
+    Channel,
+    cleanup_stale_segments,
+    default_namespace,
+    release_created_channels,
+)
 
 # pytest (--import-mode=importlib) imports this file under a dotted name that a
 # child cannot import. Children unpickle their target by module name, so
@@ -39,7 +44,9 @@ def child(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-WAIT_S = 20.0
+# Bound of waits that must succeed long before it (generous: spawned and killed
+# processes on 2 busy cores); no pass depends on the machine's speed.
+WAIT_S = 60.0
 # The forkserver imports the heavy modules once; each child is then a cheap
 # fork of it, so 50 rounds of kill-and-restart stay fast on 2 cores. (This
 # module itself cannot be preloaded: the forkserver does not get our sys.path
@@ -172,11 +179,11 @@ def test_producer_killed_between_the_publish_stores_does_not_wedge_the_key(
     proc.join(WAIT_S)
     assert proc.exitcode == 0
     # Fault injection: undo one of the two publish stores of the finished put,
-    # as a SIGKILL between them would leave it (layout.rs, version 2). The
+    # as a SIGKILL between them would leave it (layout.rs, version 3). The
     # current order leaves slot READY + block WRITING; the older order left
     # slot RESERVED + block QUEUED. Both must heal.
     with open(segment(channel_name), "r+b") as f, mmap.mmap(f.fileno(), 0) as shm:
-        assert shm[0:8] == b"RLCHAN01" and struct.unpack_from("<I", shm, 8)[0] == 2
+        assert shm[0:8] == b"RLCHAN01" and struct.unpack_from("<I", shm, 8)[0] == 3
         slots_off, blocks_off = struct.unpack_from("<QQ", shm, 48)
         assert struct.unpack_from("<I", shm, slots_off)[0] == 2  # READY
         block = struct.unpack_from("<I", shm, slots_off + 4)[0]
@@ -185,10 +192,10 @@ def test_producer_killed_between_the_publish_stores_does_not_wedge_the_key(
         else:
             struct.pack_into("<I", shm, blocks_off + 64 * block + 16, 1)  # block WRITING
     ch.put("marker")
-    got = ch.get(timeout=3.0)  # the payload was complete: deliver it, or skip it
+    got = ch.get(timeout=WAIT_S)  # the payload was complete: deliver it, or skip it
     if not isinstance(got, str):
         assert (got == 5).all()
-        got = ch.get(timeout=3.0)
+        got = ch.get(timeout=WAIT_S)
     assert got == "marker"
 
 
@@ -279,10 +286,13 @@ def test_create_replaces_the_segment_of_a_killed_creator(channel_name: str) -> N
     assert Channel.connect(channel_name).get_nowait("data") == "new"
     del fresh
     gc.collect()
+    assert path.exists()  # this process created it and still runs
+    assert release_created_channels() == 1
     assert not path.exists()
 
 
 def test_segment_disappears_when_the_last_handle_and_view_go(channel_name: str) -> None:
+    # Once its creator gives it up, a channel lives as long as any handle or view.
     ch = Channel.create(channel_name, capacity_bytes=1 << 20)
     path = segment(channel_name)
     twin = Channel.connect(channel_name)
@@ -295,6 +305,7 @@ def test_segment_disappears_when_the_last_handle_and_view_go(channel_name: str) 
     kill(killed)
     ch.put(np.arange(100))
     view = twin.get(timeout=WAIT_S)
+    assert release_created_channels() == 0  # held: it goes with its last holder
     assert path.exists()
     del ch, twin
     gc.collect()
@@ -313,17 +324,22 @@ def test_segment_of_a_killed_creator_is_removed_by_the_janitor(channel_name: str
     gc.collect()
     path = segment(channel_name)
     live = Channel.create(channel_name + "-live", capacity_bytes=1 << 16)
+    # Held by nobody, but its creator (this process) runs: not stale either.
+    Channel.create(channel_name + "-unheld", capacity_bytes=1 << 16)
+    gc.collect()
+    unheld = segment(channel_name + "-unheld")
     try:
         assert path.exists()  # still held by the child
         kill(proc)
         assert path.exists()  # nobody was left to unlink it
         assert path.name not in cleanup_stale_segments(default_namespace())  # too young
         old = time.time() - 3600
-        for p in (path, segment(live.name)):
+        for p in (path, segment(live.name), unheld):
             os.utime(p, (old, old))
         removed = cleanup_stale_segments(default_namespace())
-        assert path.name in removed and segment(live.name).name not in removed
-        assert not path.exists() and segment(live.name).exists()
+        assert path.name in removed
+        assert segment(live.name).name not in removed and unheld.name not in removed
+        assert not path.exists() and segment(live.name).exists() and unheld.exists()
     finally:
         path.unlink(missing_ok=True)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -454,12 +453,12 @@ def test_a_failing_env_rank_surfaces_fast_and_names_itself(
     )
     with EmbodiedRunner(cfg, actor, rollout, env) as runner:
         runner.init_workers()
-        start = time.monotonic()
+        # The env rank's error surfaces at once (the runner closes the channels,
+        # waking the rollout and actor ranks blocked on them). A runner that waited
+        # for those ranks instead (runner.channel_timeout_s, 600 s) would run into
+        # the test's timeout: a hang, not a slow pass.
         with pytest.raises(WorkerError, match=r"(?s)hybrid-env\[rank 0\] raised.*boom"):
             runner.run()
-        # The rollout and actor ranks blocked on the channels were woken, not left
-        # waiting for runner.channel_timeout_s (600 s).
-        assert time.monotonic() - start < 60
     # The groups stay usable: the next runner trains normally.
     ok = make_config(tmp_path, "after", [*SMALL, "runner.max_epochs=1"], placement=HYBRID)
     with EmbodiedRunner(ok, actor, rollout, env) as runner:

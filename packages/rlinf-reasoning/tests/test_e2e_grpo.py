@@ -1,7 +1,8 @@
 """End to end GRPO on the toy task with real Ray workers (one module-wide cluster).
 
 * disaggregated run (actor on CPU slot 0, rollout + reward on slot 1): the mean
-  reward rises, the stages overlap (step time < sum of stage times), weights
+  reward rises, the stages overlap (the actor starts training on a step's first
+  groups while the rollout is still generating that step's later ones), weights
   reach the rollout in buckets and are equal after the first sync, eval runs
   before the first update and every ``val_check_interval`` and lands in
   TensorBoard, checkpoints are written;
@@ -30,6 +31,11 @@ from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task, read_jsonl, write_jsonl
 from rlinf.sched import Cluster
+
+# The module's fixtures train the warm start, launch two sets of Ray groups and
+# run 24 steps before the first test ends: minutes, and several times that on a
+# busy 2-core machine, so the hang guard is wider than the default 300 s.
+pytestmark = pytest.mark.timeout(1500)
 
 STEPS = 24
 EVAL_EVERY = 8
@@ -149,11 +155,17 @@ def disaggregated(env: dict[str, Any]) -> Iterator[dict[str, Any]]:
         runner.init_workers()
         last = runner.run()
         final = actor.state_summary().wait()[0]
+        # This run's stamps only (later tests run more steps on the same groups).
+        stage_times = {
+            "rollout": rollout.stage_times().wait()[0],
+            "actor": actor.stage_times().wait()[0],
+        }
         yield {
             "cfg": cfg,
             "runner": runner,
             "last": last,
             "final": final,
+            "stage_times": stage_times,
             "logs": env["logs"],
             "groups": (actor, rollout, reward),
         }
@@ -176,17 +188,29 @@ def test_short_run_raises_mean_reward(disaggregated: dict[str, Any]) -> None:
 
 
 def test_disaggregated_stages_overlap(disaggregated: dict[str, Any]) -> None:
+    """Ordering, not speed: training starts while the rollout is still generating.
+
+    The actor needs 4 of a step's 16 groups for its first micro-batch; the rollout
+    generates them 2 at a time, so with streaming the actor's first micro-batch
+    starts before the rollout's last generation of that step ends. Both stamps
+    are ``time.time()`` in processes of this node.
+    """
     runner = disaggregated["runner"]
+    stamps = disaggregated["stage_times"]
+    generate = {int(e["step"]): e for e in stamps["rollout"]}
+    train = {int(e["step"]): e for e in stamps["actor"]}
+    assert sorted(generate) == sorted(train) == list(range(STEPS))
+    overlapped = [s for s in range(STEPS) if train[s]["train_start"] < generate[s]["generate_end"]]
+    lead = [generate[s]["generate_end"] - train[s]["train_start"] for s in range(STEPS)]
     ratios = _history(runner, "train/overlap_ratio")
-    steps = _history(runner, "time/step")
-    sums = _history(runner, "time/stage_sum")
-    median = statistics.median(ratios)
     print(
-        f"\noverlap ratio (sum of stage busy times / step time), median of {len(ratios)} steps: "
-        f"{median:.2f} (step {statistics.median(steps):.3f}s, "
-        f"stage sum {statistics.median(sums):.3f}s)"
+        f"\nsteps whose training started before their generation ended: {len(overlapped)}"
+        f"/{STEPS}; median lead {statistics.median(lead):.3f}s; overlap ratio (stage busy "
+        f"times / step time, informative only) median {statistics.median(ratios):.2f}"
     )
-    assert median > 1.0, ratios
+    # Most steps (as the old median-based check): one starved scheduling slice on a
+    # loaded machine may reorder a step, not the streaming design.
+    assert len(overlapped) > STEPS // 2, lead
 
 
 def test_weight_sync_is_bucketed_versioned_and_exact(disaggregated: dict[str, Any]) -> None:
@@ -217,7 +241,7 @@ def test_eval_before_training_and_every_interval_in_tensorboard(
     runner = disaggregated["runner"]
     tb = Path(disaggregated["logs"]) / "disagg" / "tensorboard"
     acc = EventAccumulator(str(tb))
-    deadline = time.monotonic() + 30  # the writer thread may still be flushing
+    deadline = time.monotonic() + 120  # the writer thread may still be flushing
     while True:
         acc.Reload()
         tags = acc.Tags()["scalars"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -157,6 +158,48 @@ def test_compute_token_logprobs_masks_and_entropy() -> None:
         compute_token_logprobs(model, ids, mask, response_start=4, temperature=0.0)
     with pytest.raises(ValueError, match="response_start"):
         compute_token_logprobs(model, ids, mask, response_start=7)
+
+
+class _MaskedVocab(torch.nn.Module):
+    """A causal LM whose vocabulary from ``keep`` on is masked to ``-inf`` (padded vocab)."""
+
+    def __init__(self, inner: torch.nn.Module, keep: int) -> None:
+        super().__init__()
+        self.inner, self.keep = inner, keep
+
+    def forward(self, **kwargs: object) -> SimpleNamespace:
+        logits = self.inner(**kwargs).logits.clone()
+        logits[..., self.keep :] = -float("inf")
+        return SimpleNamespace(logits=logits)
+
+
+def test_entropy_with_a_masked_vocabulary_is_finite_and_backpropagates() -> None:
+    inner = _tiny_model(seed=2)
+    keep, temperature = 20, 0.7
+    model = _MaskedVocab(inner, keep)
+    ids = torch.tensor([[0, 0, 1, 5, 6, 7, 8], [1, 9, 10, 11, 12, 13, 0]])  # all < keep
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])
+    lp, ent = compute_token_logprobs_and_entropy(
+        model, ids, mask, response_start=4, temperature=temperature, response_mask=mask
+    )
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all(), (lp, ent)
+    # The same numbers as the distribution over the unmasked vocabulary alone.
+    with torch.no_grad():
+        full = inner(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_attention_mask(mask),
+        ).logits[:, 3:-1, :keep]
+    logp = torch.log_softmax(full.double() / temperature, dim=-1)
+    want = -(logp.exp() * logp).sum(-1) * mask[:, 4:]
+    torch.testing.assert_close(ent.detach().double(), want, atol=1e-5, rtol=0)
+    want_lp = logp.gather(-1, ids[:, 4:, None]).squeeze(-1) * mask[:, 4:]
+    torch.testing.assert_close(lp.detach().double(), want_lp, atol=1e-5, rtol=0)
+    # An entropy bonus loss backpropagates to finite gradients.
+    loss = -lp.sum() - 0.01 * ent.sum()
+    loss.backward()
+    grads = [p.grad for p in inner.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
 # --------------------------------------------------------------- generation

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from rlinf.core.algorithms import entropy_from_logits
 from rlinf.reasoning.engines import (
     SamplingParams,
     available_engines,
@@ -16,7 +17,7 @@ from rlinf.reasoning.engines import (
     register_engine,
 )
 from rlinf.reasoning.engines.hf import HFEngine
-from rlinf.reasoning.models import entropy_from_logits, token_logprobs_from_logits
+from rlinf.reasoning.models import token_logprobs_from_logits
 
 
 @pytest.mark.parametrize(

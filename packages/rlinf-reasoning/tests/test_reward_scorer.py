@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,15 +50,15 @@ def test_scores_in_order_with_reward_scale() -> None:
 
 def test_hung_sample_times_out_and_the_pool_recovers(scorer: MathRewardScorer) -> None:
     pids_before = scorer.worker_pids
-    restarts = scorer.num_restarts
+    timeouts, restarts = scorer.num_timeouts, scorer.num_restarts
     responses = [r"\boxed{1}", HANG, r"\boxed{2}", HANG, r"\boxed{3}", r"\boxed{0.5}"]
     refs = [["1"], ["1"], ["2"], ["1"], ["4"], [r"\frac{1}{2}"]]
-    start = time.monotonic()
     assert scorer.score(responses, refs) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-    elapsed = time.monotonic() - start
     assert scorer.last_timed_out == [1, 3]
-    assert scorer.num_timeouts >= 2 and scorer.num_restarts >= restarts + 1
-    assert elapsed < 2 * scorer.timeout_s + 20  # two timeout rounds at most, plus restarts
+    # Two timeout rounds at most: each hung sample timed out once (never retried),
+    # and each timeout round restarted the pool once (no crashes, no extra rounds).
+    assert scorer.num_timeouts == timeouts + 2
+    assert restarts + 1 <= scorer.num_restarts <= restarts + 2
     assert not any(alive(pid) for pid in pids_before)  # the hung workers were killed
     # the replacement pool (started on demand) works
     assert scorer.score([r"\boxed{7}"] * 4, [["7"]] * 4) == [1.0] * 4

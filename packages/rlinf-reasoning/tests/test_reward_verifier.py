@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rlinf.reasoning.reward import (
     extract_boxed_answer,
     is_equiv,
+    math_verifier,
     normalize_answer,
     reference_answer,
     verify,
@@ -115,20 +114,53 @@ CASES: list[tuple[str, str, str, bool]] = [
 ]
 
 
+# The adversarial rows of CASES: answered by the linear steps, never by sympy.
+ADVERSARIAL_IDS = {
+    "deep-nesting",
+    "shallow-nesting",
+    "power-tower",
+    "power-tower-same-string",
+    "huge-exponent",
+    "huge-factorial",
+    "many-unclosed-boxes",
+    "long-response",
+}
+
+
+@pytest.fixture
+def symbolic_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Records every (pred, ref) pair that reaches the symbolic (sympy) step."""
+    calls: list[tuple[str, str]] = []
+    real = math_verifier._symbolic_equal
+
+    def spy(pred: str, ref: str) -> bool:
+        calls.append((pred, ref))
+        return real(pred, ref)
+
+    monkeypatch.setattr(math_verifier, "_symbolic_equal", spy)
+    return calls
+
+
 @pytest.mark.parametrize(
-    ("response", "reference", "expected"),
-    [c[1:] for c in CASES],
-    ids=[c[0] for c in CASES],
+    ("case_id", "response", "reference", "expected"), CASES, ids=[c[0] for c in CASES]
 )
-def test_verify_table(response: str, reference: str, expected: bool) -> None:
-    start = time.monotonic()
+def test_verify_table(
+    case_id: str,
+    response: str,
+    reference: str,
+    expected: bool,
+    symbolic_calls: list[tuple[str, str]],
+) -> None:
     assert verify(response, [reference]) is expected
-    assert time.monotonic() - start < 10  # generous: the machine is shared
+    if case_id in ADVERSARIAL_IDS:
+        # Quick because the monsters never reach sympy (every other step is linear).
+        assert symbolic_calls == []
 
 
 def test_table_is_big_and_ids_unique() -> None:
     assert len(CASES) >= 40
     assert len({c[0] for c in CASES}) == len(CASES)
+    assert ADVERSARIAL_IDS.issubset(c[0] for c in CASES)
 
 
 ADVERSARIAL = [
@@ -147,10 +179,13 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("response", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
-def test_adversarial_inputs_are_fast_in_process(response: str) -> None:
-    start = time.monotonic()
+def test_adversarial_inputs_are_fast_in_process(
+    response: str, symbolic_calls: list[tuple[str, str]]
+) -> None:
     assert verify(response, ["3"]) is False
-    assert time.monotonic() - start < 5
+    # Fast because the guard keeps them away from sympy: the only step that is
+    # not linear in the input (see the math_verifier docstring).
+    assert symbolic_calls == []
 
 
 def test_any_reference_matches() -> None:
@@ -172,9 +207,9 @@ def test_extract_boxed_answer() -> None:
     assert extract_boxed_answer("we get 3 and then 1,234.5") == "1,234.5"
     assert extract_boxed_answer("we get 3", use_last_number=False) is None
     assert extract_boxed_answer("no digits") is None
-    start = time.monotonic()  # linear even on a pathological line
-    assert extract_boxed_answer("The answer is" + " " * 200_000 + "x") == "x"
-    assert time.monotonic() - start < 2
+    # Linear even on a pathological line: 2 MB of spaces take milliseconds, while
+    # a quadratic scan of them would run far past the suite's timeout (a hang).
+    assert extract_boxed_answer("The answer is" + " " * 2_000_000 + "x") == "x"
 
 
 def test_reference_answer() -> None:

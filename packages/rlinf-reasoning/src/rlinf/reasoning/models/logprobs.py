@@ -21,6 +21,11 @@ Alignment: the logits at position ``t`` score the token at ``t + 1``. In the
 actor batch layout (prompt left-padded to ``P`` columns, response right-padded
 to ``R = T - P`` columns) the response logprobs come from logits at positions
 ``[P - 1, T - 1)`` and are aligned with ``input_ids[:, P:]``.
+
+Entropy: :func:`compute_token_logprobs_and_entropy` uses the one entropy of the
+code base, :func:`rlinf.core.algorithms.entropy_from_logits`, on the same
+temperature-scaled float32 logits (``-inf`` logits of a masked vocabulary add 0,
+and its gradients are finite).
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlinf.core.algorithms import entropy_from_logits
+
 __all__ = [
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
-    "entropy_from_logits",
     "position_ids_from_attention_mask",
     "token_logprobs_from_logits",
 ]
@@ -42,6 +48,13 @@ __all__ = [
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0.0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` in float32 divided by ``temperature`` (no copy of float32 logits at T = 1)."""
+    _check_temperature(temperature)
+    x = logits.float()
+    return x if temperature == 1.0 else x / temperature
 
 
 def token_logprobs_from_logits(
@@ -57,25 +70,9 @@ def token_logprobs_from_logits(
     Returns:
         ``[...]`` float32 log-probabilities.
     """
-    _check_temperature(temperature)
-    scaled = logits.float() / temperature
+    scaled = _scaled(logits, temperature)
     chosen = scaled.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(scaled, dim=-1)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of ``softmax(logits / temperature)`` over the last dimension.
-
-    Args:
-        logits: ``[..., V]`` raw logits, any floating dtype.
-        temperature: Temperature (> 0) applied before the softmax.
-
-    Returns:
-        ``[...]`` float32 entropies (nats).
-    """
-    _check_temperature(temperature)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
 
 
 def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -201,12 +198,14 @@ def compute_token_logprobs_and_entropy(
         position_ids: Optional ``[B, T]`` position ids.
 
     Returns:
-        ``(logprobs, entropy)``, both ``[B, T - P]`` float32.
+        ``(logprobs, entropy)``, both ``[B, T - P]`` float32; the entropy is
+        :func:`rlinf.core.algorithms.entropy_from_logits` of ``logits / temperature``.
     """
     _check_temperature(temperature)
     logits = _response_logits(model, input_ids, attention_mask, response_start, position_ids)
-    logprobs = token_logprobs_from_logits(logits, input_ids[:, response_start:], temperature)
-    entropy = entropy_from_logits(logits, temperature)
+    scaled = _scaled(logits, temperature)  # once, for both outputs
+    logprobs = token_logprobs_from_logits(scaled, input_ids[:, response_start:])
+    entropy = entropy_from_logits(scaled)
     return (
         _apply_response_mask(logprobs, response_mask, response_start),
         _apply_response_mask(entropy, response_mask, response_start),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,7 @@ class FSDPActor(Worker):
         self.num_syncs = 0
         self._offloaded = False
         self._optim_steps = 0
+        self._stage_times: deque[dict[str, float]] = deque(maxlen=1024)
 
     # ------------------------------------------------------------------ setup
     def init_worker(self, total_steps: int) -> dict[str, Any]:
@@ -442,6 +444,7 @@ class FSDPActor(Worker):
         samples: list[Sample] = []
         results: list[RolloutResult] = []
         busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0}
+        train_start = float("nan")  # time.time() when the first micro-batch started
         entered = False
         lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
 
@@ -519,6 +522,8 @@ class FSDPActor(Worker):
                         lo, hi = first + k * micro, first + (k + 1) * micro
                         pull(-(-hi // g))
                         logprobs_upto(hi)
+                        if math.isnan(train_start):
+                            train_start = time.time()
                         t0 = time.perf_counter()
                         scale = 1.0
                         if minibatch_tokens > 0:
@@ -541,6 +546,9 @@ class FSDPActor(Worker):
         finally:
             if entered and self.collocated:
                 self.release_device_lock()
+        self._stage_times.append(
+            {"step": float(step), "train_start": train_start, "train_end": time.time()}
+        )
         return {
             "train": train_means.means(),
             "rollout": self._rollout_stats(samples, results),
@@ -738,6 +746,17 @@ class FSDPActor(Worker):
         if self._offload_enabled:
             self.offload()
         return int(extra["step"])
+
+    def stage_times(self) -> list[dict[str, float]]:
+        """When each recent :meth:`run_training` call trained (tests and debugging).
+
+        Returns:
+            One ``{"step", "train_start", "train_end"}`` per call, oldest first
+            (the last 1024): when its first micro-batch started and when the
+            call ended, in ``time.time()`` seconds (comparable across the
+            processes of one node).
+        """
+        return list(self._stage_times)
 
     def state_summary(self) -> dict[str, Any]:
         """Version, optimizer steps, current lr and a weight checksum (tests and debugging)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any
 
 from rlinf.core.channel import Channel
@@ -54,6 +55,7 @@ class RolloutWorker(Worker):
         self.num_syncs = 0
         self.load_calls = 0
         self.generated_tokens = 0
+        self._stage_times: deque[dict[str, float]] = deque(maxlen=1024)
 
     def init_worker(self) -> dict[str, Any]:
         """Builds the engine on this rank's device.
@@ -172,6 +174,17 @@ class RolloutWorker(Worker):
         """Largest difference between the engine's weights and ``named`` (tests)."""
         return self._engine().weights_max_abs_diff(named)
 
+    def stage_times(self) -> list[dict[str, float]]:
+        """When each recent :meth:`generate` call generated (tests and debugging).
+
+        Returns:
+            One ``{"step", "generate_start", "generate_end"}`` per call, oldest
+            first (the last 1024): when its first generation started and its
+            last one ended, in ``time.time()`` seconds (comparable across the
+            processes of one node).
+        """
+        return list(self._stage_times)
+
     def stats(self) -> dict[str, Any]:
         """Syncs, engine load calls, weight version and generated tokens so far."""
         return {
@@ -249,6 +262,7 @@ class RolloutWorker(Worker):
         done = tokens = 0
         busy = 0.0
         chunk_index = 0
+        first_start = last_end = float("nan")
         locked = self._enter_phase()
         try:
             while done < share:
@@ -258,10 +272,13 @@ class RolloutWorker(Worker):
                         batch.append(requests.get_nowait())
                     except asyncio.QueueEmpty:
                         break
+                if chunk_index == 0:
+                    first_start = time.time()
                 t0 = time.perf_counter()
                 seed = _seed(cfg.runner.seed, step, self.rank, chunk_index)
                 out = self._generate(batch, cfg.algorithm.sampling_params, seed)
                 busy += time.perf_counter() - t0
+                last_end = time.time()
                 for result in out:
                     results.put(result, timeout=timeout)
                     tokens += result.num_tokens
@@ -269,6 +286,9 @@ class RolloutWorker(Worker):
                 chunk_index += 1
         finally:
             self._leave_phase(locked)
+        self._stage_times.append(
+            {"step": float(step), "generate_start": first_start, "generate_end": last_end}
+        )
         return {"groups": done, "tokens": tokens, "busy_s": busy, "version": self._engine().version}
 
     def generate_eval(
