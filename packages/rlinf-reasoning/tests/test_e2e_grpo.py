@@ -33,9 +33,10 @@ from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task, read_jsonl, w
 from rlinf.sched import Cluster
 
 # The module's fixtures train the warm start, launch two sets of Ray groups and
-# run 24 steps before the first test ends: minutes, and several times that on a
-# busy 2-core machine, so the hang guard is wider than the default 300 s.
-pytestmark = pytest.mark.timeout(1500)
+# run 24 steps before the first test ends: about 4 minutes here, 22 with two busy
+# loops beside it on 2 cores (Ray runs its workers at nice 15), so the hang guard
+# is wider than the default 300 s.
+pytestmark = pytest.mark.timeout(3600)
 
 STEPS = 24
 EVAL_EVERY = 8
@@ -208,8 +209,10 @@ def test_disaggregated_stages_overlap(disaggregated: dict[str, Any]) -> None:
         f"/{STEPS}; median lead {statistics.median(lead):.3f}s; overlap ratio (stage busy "
         f"times / step time, informative only) median {statistics.median(ratios):.2f}"
     )
-    # Most steps (as the old median-based check): one starved scheduling slice on a
-    # loaded machine may reorder a step, not the streaming design.
+    # Most steps (as the old median-based check): an actor that waited for the whole
+    # step could not order a single one this way, while one badly scheduled moment
+    # may reorder a step. Seen: 22/24 on an idle 2-core box, 23/24 with two busy
+    # loops beside it.
     assert len(overlapped) > STEPS // 2, lead
 
 
