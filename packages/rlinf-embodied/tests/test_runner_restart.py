@@ -2,9 +2,10 @@
 
 Real Ray groups on CPU slots. The worker classes below are the real ones with
 one addition: in the run whose experiment name asks for it, one rank SIGKILLs
-its own process part-way through its fourth rollout (env) or update (actor
-rank 1, while rank 0 waits in a collective), once per run (a marker file in
-the experiment folder keeps the relaunched process alive). The runner must
+its own process as its fourth rollout (env) or update (actor rank 1, while
+rank 0 waits in a collective) begins, once per run (a marker file in the
+experiment folder keeps the relaunched process alive). The kill is synchronous,
+so the step it ends is known whatever the machine's load. The runner must
 relaunch every group on the same placement, resume from the newest complete
 checkpoint (step 2) and finish the run with the right step and env-step counts.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,13 +34,13 @@ HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
 KILL_ON_CALL = 4  # the fourth rollout/update: after the step-2 checkpoint, before step 4's
 
 
-def _die_soon_once(experiment_dir: Path, role: str) -> None:
-    """SIGKILLs this process in 50 ms (mid-call), unless it already did so in this run."""
+def _die_once(experiment_dir: Path, role: str) -> None:
+    """SIGKILLs this process now (inside a remote call), unless it already did so in this run."""
     marker = experiment_dir / f"killed-{role}"
     if marker.exists():
         return
     marker.write_text(str(os.getpid()))
-    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class MortalEnvWorker(EnvWorker):
@@ -55,7 +55,7 @@ class MortalEnvWorker(EnvWorker):
     def interact(self, *args: Any) -> dict[str, Any]:
         self._calls += 1
         if self._kill and self._calls == KILL_ON_CALL:
-            _die_soon_once(self._experiment_dir, "env")
+            _die_once(self._experiment_dir, "env")
         return super().interact(*args)
 
 
@@ -71,7 +71,7 @@ class MortalActor(EmbodiedFSDPActor):
     def run_training(self) -> dict[str, float]:
         self._calls += 1
         if self._kill and self.rank == 1 and self._calls == KILL_ON_CALL:
-            _die_soon_once(self._experiment_dir, "actor")
+            _die_once(self._experiment_dir, "actor")
         return super().run_training()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
@@ -25,6 +27,9 @@ def test_starts_a_local_cluster_and_stops_it(no_ray) -> None:
         assert info.num_accelerators == 0, "CPU-only nodes are normal"
         assert info.nodes[0].num_cpus == 2
         assert set(info.node_groups) == {"cluster", "node"}
+        # Workers run at the driver's priority, not Ray's default nice 15 (which
+        # starves them on a busy machine).
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
         # A second Cluster (as a worker would build) attaches and leaves Ray running.
         inner = Cluster()
         assert not inner.owns_ray
