@@ -100,6 +100,22 @@ def interrupt_after_checkpoint(cmd: list[str], checkpoint: Path, tmp_path: Path)
     return text
 
 
+def assert_progress_lines(text: str, groups: list[str], eval_ran: bool) -> None:
+    """The long waits of a run say what they wait for (Ray, each launch, first sync and eval)."""
+    patterns = [
+        r"starting a local Ray \(\S+ CPUs\) \.\.\.",
+        r"Ray started in [\d.]+ s",
+        r"first weight sync \(actor -> rollout.*\) \.\.\.",
+        r"first weight sync done in [\d.]+ s",
+    ]
+    for group in groups:
+        patterns += [rf"launching {group} x\d+ \.\.\.", rf"{group}: (\d+)/\1 ready in [\d.]+ s"]
+    if eval_ran:
+        patterns += [r"first eval \(step \d+\) \.\.\.", r"first eval done in [\d.]+ s"]
+    for pattern in patterns:
+        assert re.search(rf"INFO {pattern}$", text, re.MULTILINE), (pattern, text[-5000:])
+
+
 def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     cmd = [
@@ -113,7 +129,8 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
         "runner.val_check_interval=2",
     ]
     checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
-    interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+    text = interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+    assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "EnvGroup"], eval_ran=True)
 
 
 @pytest.fixture
@@ -148,4 +165,5 @@ def test_ctrl_c_stops_the_reasoning_example_cleanly(
         "actor.micro_batch_size=8",
     ]
     checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
-    interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+    text = interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+    assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "RewardGroup"], eval_ran=False)

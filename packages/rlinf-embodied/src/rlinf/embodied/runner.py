@@ -57,7 +57,7 @@ from rlinf.core.protocols.workers import (
     check_implements,
 )
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.sched import GroupFuture, WorkerGroup
+from rlinf.sched import GroupFuture, WorkerGroup, wait_all
 from rlinf.sched.recovery import run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
@@ -115,6 +115,7 @@ class EmbodiedRunner:
         self.spec: Any = None
         self._channels: dict[str, Channel] = {}
         self._synced_version = -1
+        self._evaluated = False
         self._logger: MetricLogger | None = None
         self._initialized = False
         self._closed = False
@@ -138,38 +139,18 @@ class EmbodiedRunner:
 
     # ------------------------------------------------------------------ setup
 
-    def _wait(self, futures: Sequence[GroupFuture], timeout: float | None = None) -> list[Any]:
-        """Waits for every future; on the first failure closes the channels and raises.
+    def _wait(self, futures: Sequence[GroupFuture]) -> list[list[Any]]:
+        """:func:`~rlinf.sched.wait_all` within ``runner.step_timeout_s``; failures close channels.
 
         Closing the channels wakes workers blocked on them, so one failing rank
         does not leave its peers waiting until their timeout.
         """
-        limit = self.cfg.runner.step_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        pending = list(futures)
-        try:
-            while pending:
-                try:  # block briefly on one future (Ray waits without spinning) ...
-                    pending[0].wait(timeout=0.05)
-                    pending.pop(0)
-                except TimeoutError:
-                    pass
-                for fut in list(pending[1:]):  # ... and surface a failure of any other
-                    if fut.done():
-                        fut.wait(timeout=0)
-                        pending.remove(fut)
-                if pending and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"a phase of step {self.global_step} did not finish within {limit} s; "
-                        "raise runner.step_timeout_s if the run is just slow"
-                    )
-        except BaseException:
-            self._close_channels()
-            discard_until = time.monotonic() + 5.0
-            for fut in pending:  # woken by the closed channels; their errors are noise
-                fut.discard(timeout=max(0.0, discard_until - time.monotonic()))
-            raise
-        return [fut.wait(timeout=0) for fut in futures]
+        return wait_all(
+            futures,
+            self.cfg.runner.step_timeout_s,
+            on_error=self._close_channels,
+            hint=f"step {self.global_step}: raise runner.step_timeout_s if the run is just slow",
+        )
 
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
         """Builds envs, policies and optimizer on every rank, then resumes if asked.
@@ -277,10 +258,15 @@ class EmbodiedRunner:
         """
         start = time.perf_counter()
         if self._synced_version != self.global_step:
+            first = self._synced_version < 0
+            if first:
+                _log.info("first weight sync (actor -> rollout) ...")
             versions = self._wait(
                 [self.rollout.sync_model_from_actor(), self.actor.sync_model_to_rollout()]
             )
             self._synced_version = int(versions[1][0])
+            if first:
+                _log.info("first weight sync done in %.1f s", time.perf_counter() - start)
         return time.perf_counter() - start
 
     def generate_rollouts(self) -> dict[str, float]:
@@ -328,6 +314,9 @@ class EmbodiedRunner:
         """
         if self.cfg.env.eval is None:
             raise RuntimeError("env.eval is null: set an eval env to evaluate")
+        first, start = not self._evaluated, time.perf_counter()
+        if first:
+            _log.info("first eval (step %d) ...", self.global_step)
         self.update_rollout_weights()
         ch = self._channels
         results = self._wait(
@@ -338,6 +327,9 @@ class EmbodiedRunner:
         )
         metrics = _episode_metrics("eval", results[0])
         metrics["eval/num_episodes"] = metrics.pop("eval/num_trajectories")
+        self._evaluated = True
+        if first:
+            _log.info("first eval done in %.1f s", time.perf_counter() - start)
         return metrics
 
     def save_checkpoint(self) -> Path:

@@ -58,13 +58,15 @@ from rlinf.core.protocols.workers import (
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
-from rlinf.sched import Cluster, GroupFuture, Worker, WorkerGroup
+from rlinf.sched import Cluster, Worker, WorkerGroup, wait_all
 from rlinf.sched.placement import ModelParallelComponentPlacement
 from rlinf.sched.recovery import run_with_restarts
 
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
 
 _log = get_logger("rlinf.reasoning.runner")
+
+_TIMEOUT_HINT = "raise runner.step_timeout_s if the run is just slow; is a stage stuck?"
 
 
 def launch_reasoning_groups(
@@ -131,42 +133,6 @@ def launch_reasoning_groups(
     return placement, unlaunched["actor"], unlaunched["rollout"], unlaunched["reward"]
 
 
-def _wait_all(
-    futures: dict[str, GroupFuture], timeout: float, on_error: Any = None
-) -> dict[str, list[Any]]:
-    """Waits for every future; the first failure (of any) is raised at once.
-
-    On a failure, a timeout or Ctrl-C, ``on_error`` runs (it closes the
-    channels, which wakes the other stages) and the other calls' outcomes are
-    collected and dropped for up to 5 s, so Ray does not print them later.
-    """
-    deadline = time.monotonic() + timeout
-    results: dict[str, list[Any]] = {}
-    pending = dict(futures)
-    try:
-        while pending:
-            for name, fut in list(pending.items()):
-                if fut.done():
-                    results[name] = fut.wait(timeout=0)
-                    del pending[name]
-            if not pending:
-                break
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"{sorted(pending)} still running after {timeout:.0f} s "
-                    "(runner.step_timeout_s); is a stage stuck?"
-                )
-            time.sleep(0.005)
-    except BaseException:
-        if on_error is not None:
-            on_error()
-        discard_until = time.monotonic() + 5.0
-        for fut in pending.values():
-            fut.discard(timeout=max(0.0, discard_until - time.monotonic()))
-        raise
-    return results
-
-
 class ReasoningRunner:
     """Drives GRPO training of launched actor, rollout and reward groups.
 
@@ -219,6 +185,7 @@ class ReasoningRunner:
         self._channels: list[Channel] = []
         self._logger: MetricLogger | None = None
         self._initialized = False
+        self._evaluated = False
 
     # ------------------------------------------------------------------ setup
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
@@ -264,18 +231,16 @@ class ReasoningRunner:
             rollout=self.rollout.world_size,
             reward=self.reward.world_size,
         )
-        timeout = cfg.runner.step_timeout_s
-        futures = {
-            "rollout": self.rollout.init_worker(),
-            "reward": self.reward.init_worker(),
-            "actor": self.actor.init_worker(total),
-        }
-        info = _wait_all(futures, timeout)
+        rollout_info, reward_info, actor_info = wait_all(
+            [self.rollout.init_worker(), self.reward.init_worker(), self.actor.init_worker(total)],
+            cfg.runner.step_timeout_s,
+            hint=_TIMEOUT_HINT,
+        )
         _log.info(
             "workers ready: actor %s, rollout %s, reward %s (%s placement), %d steps",
-            info["actor"][0],
-            info["rollout"][0],
-            info["reward"][0],
+            actor_info[0],
+            rollout_info[0],
+            reward_info[0],
             "collocated" if self.collocated else "disaggregated",
             total,
         )
@@ -342,22 +307,29 @@ class ReasoningRunner:
         Returns:
             The actor rank 0 report merged with the rollout rank 0 report.
         """
-        timeout = self.cfg.runner.step_timeout_s
         t0 = time.perf_counter()
-        futures = {
-            "actor": self.actor.sync_model_to_rollout(
-                self.rollout.name, self.rollout.world_size, version
-            ),
-            "rollout": self.rollout.sync_model_from_actor(self.actor.name),
-        }
-        got = _wait_all(futures, timeout)
+        first = self.synced_version is None
+        if first:
+            _log.info("first weight sync (actor -> rollout, version %d) ...", version)
+        actor_out, rollout_out = wait_all(
+            [
+                self.actor.sync_model_to_rollout(
+                    self.rollout.name, self.rollout.world_size, version
+                ),
+                self.rollout.sync_model_from_actor(self.actor.name),
+            ],
+            self.cfg.runner.step_timeout_s,
+            hint=_TIMEOUT_HINT,
+        )
         report = {
-            "actor": got["actor"][0],
-            "rollout": got["rollout"],
+            "actor": actor_out[0],
+            "rollout": rollout_out,
             "seconds": time.perf_counter() - t0,
         }
         self.sync_history.append(report)
         self.synced_version = version
+        if first:
+            _log.info("first weight sync done in %.1f s", report["seconds"])
         return report
 
     # ------------------------------------------------------------------ step
@@ -395,38 +367,42 @@ class ReasoningRunner:
         for request in requests:
             self.requests.put(request, timeout=cfg.runner.channel_timeout_s)
         t_stages = time.perf_counter()
-        futures = {
-            "rollout": self.rollout.generate(self.requests, self.generated, step),
-            "reward": self.reward.compute_rewards(self.generated, self.rewarded),
-            "actor": self.actor.run_training(self.rewarded, step),
-        }
-        out = _wait_all(futures, cfg.runner.step_timeout_s, on_error=self._close_channels)
+        rollout_out, reward_out, actor_out = wait_all(
+            [
+                self.rollout.generate(self.requests, self.generated, step),
+                self.reward.compute_rewards(self.generated, self.rewarded),
+                self.actor.run_training(self.rewarded, step),
+            ],
+            cfg.runner.step_timeout_s,
+            on_error=self._close_channels,
+            hint=_TIMEOUT_HINT,
+        )
         t_end = time.perf_counter()
         self.data_history.append(indices)
 
-        versions = sorted({v for r in out["actor"] for v in r["versions"]})
+        versions = sorted({v for r in actor_out for v in r["versions"]})
         if versions != [step]:
             raise RuntimeError(
                 f"step {step} trained on groups of weight versions {versions}; every group of a "
                 "step must come from the weights synced at its start"
             )
-        trained = sorted(i for r in out["actor"] for i in r["indices"])
+        trained = sorted(i for r in actor_out for i in r["indices"])
         if trained != sorted(indices):
             raise RuntimeError(
                 f"step {step}: the actor trained on prompts {trained}, not {sorted(indices)}"
             )
 
         metrics: dict[str, float] = {}
-        metrics.update(_rollout_metrics([r["rollout"] for r in out["actor"]]))
-        train = [r["train"] for r in out["actor"]]
+        metrics.update(_rollout_metrics([r["rollout"] for r in actor_out]))
+        train = [r["train"] for r in actor_out]
         for key in train[0]:
             metrics[key] = float(np.mean([t[key] for t in train]))
-        t_rollout = max(r["busy_s"] for r in out["rollout"])
-        t_reward = max(r["busy_s"] for r in out["reward"])
-        t_train = max(r["time"]["train"] for r in out["actor"])
-        t_recompute = max(r["time"]["recompute"] for r in out["actor"])
+        t_rollout = max(r["busy_s"] for r in rollout_out)
+        t_reward = max(r["busy_s"] for r in reward_out)
+        t_train = max(r["time"]["train"] for r in actor_out)
+        t_recompute = max(r["time"]["recompute"] for r in actor_out)
         t_step = t_end - start
-        tokens = sum(r["tokens"] for r in out["rollout"])
+        tokens = sum(r["tokens"] for r in rollout_out)
         stage_sum = t_sync + t_rollout + t_reward + t_train + t_recompute
         metrics.update(
             {
@@ -465,6 +441,9 @@ class ReasoningRunner:
             raise RuntimeError("no held-out data: set data.val_files to evaluate")
         cfg = self.cfg
         t0 = time.perf_counter()
+        first = not self._evaluated
+        if first:
+            _log.info("first eval (step %d) ...", self.global_step)
         if self.synced_version != self.global_step:
             self.sync_weights(self.global_step)
         count = len(self.val_set)
@@ -476,18 +455,23 @@ class ReasoningRunner:
         world = self.rollout.world_size
         shares = [requests[r::world] for r in range(world)]
         futs = [self.rollout.execute_on(r).generate_eval(shares[r], sampling) for r in range(world)]
-        generated: list[RolloutResult] = [g for f in futs for g in f.wait(timeout)[0]]
+        generated: list[RolloutResult] = [
+            g for out in wait_all(futs, timeout, hint=_TIMEOUT_HINT) for g in out[0]
+        ]
         rworld = self.reward.world_size
         parts = [generated[r::rworld] for r in range(rworld)]
         scored = [self.reward.execute_on(r).evaluate(parts[r]) for r in range(rworld)]
         flags: list[bool] = []
         rewards: list[float] = []
-        for fut in scored:
-            for group_rewards, group_flags in fut.wait(timeout)[0]:
+        for out in wait_all(scored, timeout, hint=_TIMEOUT_HINT):
+            for group_rewards, group_flags in out[0]:
                 flags += group_flags
                 rewards += group_rewards
         lengths = [n for g in generated for n in g.response_lengths]
         ended = [e for g in generated for e in g.is_end]
+        self._evaluated = True
+        if first:
+            _log.info("first eval done in %.1f s", time.perf_counter() - t0)
         return {
             "eval/accuracy": float(np.mean(flags)) if flags else 0.0,
             "eval/reward": float(np.mean(rewards)) if rewards else 0.0,

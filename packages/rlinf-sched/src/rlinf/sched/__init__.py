@@ -4,9 +4,10 @@ Available now: :class:`Cluster` (start or attach to Ray, node ranks,
 accelerators), the placement layer (:mod:`rlinf.sched.placement`, pure
 logic over :class:`ClusterInfo`), and :class:`Worker` / :class:`WorkerGroup`
 (one actor per placement, group calls returning futures, errors naming the
-rank), point-to-point ``send``/``recv``/``broadcast`` between workers of
-any groups (:mod:`rlinf.sched.comm`), channels found by name across nodes,
-device locks and offload/onload hooks for collocated phases.
+rank), :func:`wait_all` (one fail-fast wait for several calls),
+point-to-point ``send``/``recv``/``broadcast`` between workers of any groups
+(:mod:`rlinf.sched.comm`), channels found by name across nodes, device locks
+and offload/onload hooks for collocated phases.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -21,6 +22,7 @@ from rlinf.sched.placement import (
     NodePlacementStrategy,
     PackedPlacementStrategy,
 )
+from rlinf.sched.wait import wait_all
 from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
 
 try:
@@ -50,4 +52,5 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "__version__",
+    "wait_all",
 ]

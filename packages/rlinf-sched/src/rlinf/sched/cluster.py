@@ -99,7 +99,13 @@ class Cluster:
         self._owns_ray = False
         self._closed = False
         if not ray.is_initialized():
+            started = time.monotonic()
             self._owns_ray = _connect_or_start(address, num_cpus)
+            _log.info(
+                "Ray %s in %.1f s",
+                "started" if self._owns_ray else "attached",
+                time.monotonic() - started,
+            )
         self._timeout = timeout
         nodes = self._wait_for_nodes(num_nodes, timeout)
         slots = int(_get(cluster_cfg, "cpu_slots_per_node", 0) or 0)
@@ -241,12 +247,14 @@ def _connect_or_start(address: str | None, num_cpus: int | None) -> bool:
         ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
     common: dict[str, Any] = {"namespace": RAY_NAMESPACE, "log_to_driver": True}
     if address:
+        _log.info("attaching to Ray at %s ...", address)
         ray.init(address=address, **common)
         return False
     # `ray start` on this machine records its address in this file; "auto"
     # is only worth trying if that address answers (otherwise it retries
     # for ~20 s, and the file outlives the cluster).
     if _local_ray_running():
+        _log.info("attaching to the Ray cluster running on this machine ...")
         try:
             ray.init(address="auto", **common)
             return False
@@ -256,6 +264,7 @@ def _connect_or_start(address: str | None, num_cpus: int | None) -> bool:
     # responsive; here the workers do the training, and on a busy machine nice
     # 15 starves them (launches and steps slow down ~40x beside two busy loops
     # on two cores). Our workers run at the driver's priority.
+    _log.info("starting a local Ray (%s CPUs) ...", num_cpus or "all")
     ray.init(
         include_dashboard=False,
         num_cpus=num_cpus,

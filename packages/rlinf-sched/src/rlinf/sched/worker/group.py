@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlinf.core._native import segment_name
 from rlinf.core.channel import NAMESPACE_ENV, default_namespace
+from rlinf.core.logging import get_logger
 from rlinf.sched.cluster import RAY_NAMESPACE, Cluster
 from rlinf.sched.cluster_info import NodeInfo
 from rlinf.sched.comm.directory import get_directory
@@ -27,6 +28,14 @@ __all__ = ["GroupFuture", "WorkerDiedError", "WorkerError", "WorkerGroup"]
 
 DEFAULT_TIMEOUT_S = 600.0
 """Default bound of ``GroupFuture.wait()`` when no timeout is given."""
+
+LAUNCH_REPORT_S = 20.0
+"""While a launch waits for its ranks, a "still waiting" line this often."""
+
+_log = get_logger("rlinf.sched.group")
+
+_RAY_WORKER_ERRORS = (ray.exceptions.RayTaskError, ray.exceptions.RayActorError)
+"""What Ray raises for a rank that raised or died (mapped to WorkerError / WorkerDiedError)."""
 
 
 class WorkerError(RuntimeError):
@@ -46,10 +55,34 @@ class WorkerDiedError(WorkerError):
 
 
 class GroupFuture:
-    """The pending results of one group call, one per rank (in rank order)."""
+    """The pending results of one group call, one per rank (in rank order).
+
+    Wait for it with :meth:`wait`, ``await`` it in a coroutine, or wait for
+    several at once with :func:`rlinf.sched.wait_all`.
+    """
 
     def __init__(self, group: str, ranks: Sequence[int], refs: Sequence[Any], method: str) -> None:
         self._group, self._ranks, self._refs, self._method = group, list(ranks), list(refs), method
+
+    @property
+    def group(self) -> str:
+        """Name of the group that runs the call."""
+        return self._group
+
+    @property
+    def method(self) -> str:
+        """The worker method called."""
+        return self._method
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that run the call, in order."""
+        return list(self._ranks)
+
+    @property
+    def refs(self) -> list[Any]:
+        """Ray ``ObjectRef`` of each rank's result, in the order of :attr:`ranks`."""
+        return list(self._refs)
 
     def done(self) -> bool:
         """Whether every rank has finished (successfully or not)."""
@@ -57,68 +90,52 @@ class GroupFuture:
         return len(ready) == len(self._refs)
 
     def wait(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[Any]:
-        """Results in rank order.
+        """Results in rank order; :func:`rlinf.sched.wait_all` of this one future.
 
         Args:
             timeout: Seconds to wait; None waits without a bound (a dead rank
                 still ends the wait: Ray reports it within seconds).
 
         Raises:
-            WorkerError: The first rank (in rank order) that raised.
+            WorkerError: The first rank to fail (at once, not after the slowest rank).
             WorkerDiedError: A rank whose process died.
             TimeoutError: Naming the ranks still running.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = list(self._refs)
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            # One completion at a time, so a failed or dead rank surfaces at
-            # once instead of after the slowest rank.
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            for ref in ready:
-                self._get(ref)
-            if pending and deadline is not None and time.monotonic() >= deadline:
-                # Collect everything that has finished before giving up.
-                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                for ref in ready:
-                    self._get(ref)
-                if not pending:
-                    break
-                ranks = [self._ranks[self._refs.index(r)] for r in pending]
-                raise TimeoutError(
-                    f"{self._group}.{self._method}() still running on ranks {ranks} after "
-                    f"{timeout} s; pass a larger timeout to wait()"
-                )
-        return [self._get(ref) for ref in self._refs]
+        from rlinf.sched.wait import wait_all  # wait.py builds on this module
 
-    def _get(self, ref: Any) -> Any:
-        rank = self._ranks[self._refs.index(ref)]
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayTaskError as err:
-            raise WorkerError(self._group, rank, str(err)) from None
-        except ray.exceptions.RayActorError as err:
-            raise WorkerDiedError(self._group, rank, str(err).splitlines()[0]) from None
+        return wait_all([self], timeout)[0]
 
-    def discard(self, timeout: float = 10.0) -> None:
-        """Waits up to ``timeout`` s for the ranks to finish and drops their results and errors.
+    def result(self, index: int) -> Any:
+        """The result of the ``index``-th rank of the call, blocking until it is there.
 
-        For the calls still running when another one failed (the runner closed
-        their channels): fetching their errors here keeps Ray from printing each
-        one as an "unhandled error" later.
+        Raises:
+            WorkerError: That rank raised (the message names group, rank and traceback).
+            WorkerDiedError: That rank's process died.
         """
-        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout)
-        for ref in ready:
-            with contextlib.suppress(Exception):
-                ray.get(ref)
+        try:
+            return ray.get(self._refs[index])
+        except _RAY_WORKER_ERRORS as err:
+            raise self._error(index, err) from None
+
+    def _error(self, index: int, err: Exception) -> WorkerError:
+        rank = self._ranks[index]
+        if isinstance(err, ray.exceptions.RayActorError):
+            return WorkerDiedError(self._group, rank, str(err).splitlines()[0])
+        return WorkerError(self._group, rank, str(err))
 
     def __await__(self) -> Generator[Any, None, list[Any]]:
-        async def poll() -> list[Any]:
-            while not self.done():
-                await asyncio.sleep(0.01)
-            return self.wait(timeout=0)
+        """``await future``: the results in rank order; the first failure raises at once."""
 
-        return poll().__await__()
+        async def one(index: int, ref: Any) -> Any:
+            try:
+                return await ref  # Ray's ObjectRefs are awaitable: no polling
+            except _RAY_WORKER_ERRORS as err:
+                raise self._error(index, err) from None
+
+        async def gather() -> list[Any]:
+            return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(self._refs))))
+
+        return gather().__await__()
 
 
 class WorkerGroup:
@@ -185,6 +202,8 @@ class WorkerGroup:
             "num_cpus": num_cpus,
             "timeout": timeout,
         }
+        started = time.monotonic()
+        _log.info("launching %s x%d ...", name, len(placements))
         master = info.nodes[placements[0].node_rank]
         master_port = _free_port_on(master, timeout)
         group_nodes = sorted({p.node_rank for p in placements})
@@ -227,12 +246,37 @@ class WorkerGroup:
             actors.append(actor_cls.options(**options).remote(*self._args, **self._kwargs))
         self._actors, self._placements, self._name = actors, placements, name
         self._node_ids = [info.nodes[p.node_rank].ray_node_id for p in placements]
-        self._call("ping", (), {}, list(range(len(actors)))).wait(timeout=timeout)
+        self._wait_ready(timeout, started)
         directory = get_directory()
         if directory is not None:
             record = {"cls": self._cls, "placements": placements, "node_ids": self._node_ids}
             ray.get(directory.register_group.remote(name, record), timeout=timeout)
+        n = len(actors)
+        _log.info("%s: %d/%d ready in %.1f s", name, n, n, time.monotonic() - started)
         return self
+
+    def _wait_ready(self, timeout: float, started: float) -> None:
+        """Waits until every rank's constructor ran; says so now and then while it takes long."""
+        from rlinf.sched.wait import wait_all  # wait.py builds on this module
+
+        name, total = self._name, len(self._actors)
+
+        def report(ready: int, _total: int, _waited: float) -> None:
+            _log.info(
+                "still waiting for %s: %d/%d ready after %.0f s",
+                name,
+                ready,
+                total,
+                time.monotonic() - started,
+            )
+
+        wait_all(
+            [self._call("ping", (), {}, list(range(total)))],
+            timeout,
+            hint="is the machine overloaded? pass a larger timeout to launch()",
+            progress=report,
+            progress_every=LAUNCH_REPORT_S,
+        )
 
     @classmethod
     def from_group_name(cls, name: str, timeout: float = 60.0) -> WorkerGroup:

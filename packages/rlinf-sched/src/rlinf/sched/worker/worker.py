@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from rlinf.core._native import release_all_names
 from rlinf.core.channel import Channel, default_namespace
@@ -128,6 +128,36 @@ class Worker:
         release_all_names()
 
     # ----- point-to-point communication ---------------------------------------------
+    @overload
+    def send(
+        self,
+        obj: Any,
+        dst_group_name: str,
+        dst_rank: int,
+        async_op: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> None: ...
+
+    @overload
+    def send(
+        self,
+        obj: Any,
+        dst_group_name: str,
+        dst_rank: int,
+        async_op: Literal[True],
+        timeout: float | None = None,
+    ) -> CommWork: ...
+
+    @overload
+    def send(
+        self,
+        obj: Any,
+        dst_group_name: str,
+        dst_rank: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> CommWork | None: ...
+
     def send(
         self,
         obj: Any,

@@ -1,0 +1,170 @@
+"""wait_all on real Ray: order, fail-fast, on_error, timeouts, progress; the launch lines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from rlinf.core.channel import Channel
+from rlinf.sched import (
+    Cluster,
+    PackedPlacementStrategy,
+    Worker,
+    WorkerError,
+    wait_all,
+)
+from rlinf.sched.worker import group as group_module
+
+
+class Sleeper(Worker):
+    def __init__(self, startup_s: float = 0.0) -> None:
+        super().__init__()
+        time.sleep(startup_s)
+
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"boom from rank {self.rank}")
+        return self.rank
+
+    def wait_for(self, gate: Channel) -> int:
+        gate.get(key=self.rank, timeout=120)
+        return self.rank
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    assert not ray.is_initialized()
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 4}, num_cpus=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def pair(cluster: Cluster) -> Iterator[tuple[object, object]]:
+    a = Sleeper.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="a")
+    b = Sleeper.create_group().launch(cluster, PackedPlacementStrategy(2, 3), name="b")
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+@pytest.fixture
+def rlinf_caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """caplog for the ``rlinf`` logger, which does not propagate to the root logger."""
+    root = logging.getLogger("rlinf")
+    root.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="rlinf")
+    yield caplog
+    root.removeHandler(caplog.handler)
+
+
+def _open(gate: Channel, ranks: int) -> None:
+    for rank in range(ranks):
+        gate.put("go", key=rank)
+
+
+def test_results_in_the_order_given_and_in_rank_order(pair) -> None:
+    a, b = pair
+    # b finishes first, a's rank 0 last: the order of completion does not matter.
+    slow, fast = a.nap(0.5), b.nap(0.0)
+    assert wait_all([slow, fast], timeout=120) == [[0, 1], [0, 1]]
+    assert wait_all([], timeout=1) == []
+    fut = a.nap(0.0)
+    with pytest.raises(ValueError, match=r"a.nap\(\) is passed to wait_all twice"):
+        wait_all([fut, fut])
+    fut.wait(timeout=60)
+
+
+def test_first_failure_wins_while_another_future_still_runs(pair) -> None:
+    a, b = pair
+    gate = Channel.create("wait-first-failure")
+    calls: list[float] = []
+
+    def on_error() -> None:  # what a runner does: wake the blocked ranks
+        calls.append(time.monotonic())
+        _open(gate, 2)
+
+    start = time.monotonic()
+    blocked = a.wait_for(gate)  # would run until the gate opens (120 s at most)
+    with pytest.raises(WorkerError, match=r"b\[rank 1\] raised") as info:
+        wait_all([blocked, b.fail_on(1)], timeout=120, on_error=on_error)
+    assert "boom from rank 1" in str(info.value)
+    assert len(calls) == 1, "on_error runs exactly once"
+    assert calls[0] - start < 60, "the failure surfaced before the blocked call ended"
+    assert blocked.wait(timeout=60) == [0, 1], "on_error woke the blocked ranks"
+
+
+def test_timeout_names_what_is_still_running(pair) -> None:
+    a, b = pair
+    gate = Channel.create("wait-timeout")
+    calls: list[int] = []
+
+    def on_error() -> None:
+        calls.append(1)
+        _open(gate, 2)
+
+    blocked, done = a.wait_for(gate), b.nap(0.0)
+    done.wait(timeout=60)
+    with pytest.raises(
+        TimeoutError,
+        match=r"^a\.wait_for\(\) still running on ranks \[0, 1\] after 0\.3 s; is it stuck\?$",
+    ):
+        wait_all([blocked, done], timeout=0.3, on_error=on_error, hint="is it stuck?")
+    assert calls == [1]
+    assert blocked.wait(timeout=60) == [0, 1]
+
+
+def test_progress_is_reported_while_waiting(pair) -> None:
+    a, _ = pair
+    seen: list[tuple[int, int, float]] = []
+    out = wait_all(
+        [a.nap(1.5)],
+        timeout=120,
+        progress=lambda done, total, waited: seen.append((done, total, waited)),
+        progress_every=0.2,
+    )
+    assert out == [[0, 1]]
+    assert seen and all(total == 2 and done < 2 for done, total, _ in seen)
+    assert [w for *_, w in seen] == sorted(w for *_, w in seen)
+
+
+def test_await_fails_fast_and_keeps_rank_order(pair) -> None:
+    a, b = pair
+
+    async def both() -> list[list[int]]:
+        return [await a.nap(0.3), await b.nap(0.0)]
+
+    assert asyncio.run(both()) == [[0, 1], [0, 1]]
+    gate = Channel.create("await-fail-fast")
+    blocked = a.wait_for(gate)
+    try:
+
+        async def fail() -> object:
+            return await b.fail_on(0)
+
+        with pytest.raises(WorkerError, match=r"b\[rank 0\] raised"):
+            asyncio.run(asyncio.wait_for(fail(), timeout=60))
+    finally:
+        _open(gate, 2)
+        blocked.wait(timeout=60)
+
+
+def test_launch_says_what_it_waits_for(
+    cluster: Cluster, rlinf_caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group_module, "LAUNCH_REPORT_S", 0.3)
+    group = Sleeper.create_group(1.5).launch(cluster, PackedPlacementStrategy(0, 1), name="slow")
+    group.shutdown()
+    lines = [r.getMessage() for r in rlinf_caplog.records if r.name == "rlinf.sched.group"]
+    assert lines[0] == "launching slow x2 ..."
+    assert any(line.startswith("still waiting for slow: ") for line in lines[1:-1]), lines
+    assert "/2 ready after " in lines[1]
+    assert lines[-1].startswith("slow: 2/2 ready in ") and lines[-1].endswith(" s")
