@@ -246,6 +246,53 @@ def test_bad_overrides(conf: Path, override: str, path: str, message: str) -> No
     assert message in issue.message
 
 
+@pytest.mark.parametrize(
+    ("overrides", "path", "message"),
+    [
+        (["runner.seed=2,3"], "runner.seed", "a sweep (a,b / range / choice) is not supported"),
+        (["~runner.seed=3"], "runner.seed", "cannot delete 'runner.seed': its value is 42, not 3"),
+        (  # checked in Hydra's order: the added key exists for the later override
+            ["+runner.new=1", "runner.new=2", "runner.neww=3"],
+            "runner.neww",
+            "no such key; did you mean 'runner.new'? (to add it as a new key: +runner.neww=3)",
+        ),
+        (["runner=long", "runner.sed=1"], "runner.sed", "did you mean 'runner.seed'?"),
+        (["~runner.seedd"], "runner.seedd", "cannot delete 'runner.seedd': no such key"),
+        (["+runner.seed=1"], "runner.seed", "use runner.seed=VALUE, or ++runner.seed=VALUE"),
+        (["runner.max_stepz=5"], "runner.max_stepz", "did you mean 'runner.max_steps'?"),
+    ],
+)
+def test_override_issues_come_from_parsed_overrides(
+    conf: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str], path: str, message: str
+) -> None:
+    """Hydra's composition errors are diagnosed without reading their wording."""
+    compose = loader_module._compose
+
+    def reworded(*args: object) -> dict[str, object]:
+        try:
+            return compose(*args)  # type: ignore[arg-type]
+        except hydra.errors.ConfigCompositionException as exc:
+            raise hydra.errors.ConfigCompositionException("reworded") from exc.__cause__
+
+    monkeypatch.setattr(loader_module, "_compose", reworded)
+    with pytest.raises(ConfigError) as err:
+        compose_config("main", conf, overrides)
+    issue = only_issue(err)
+    assert (issue.path, issue.value) == (path, overrides[-1])
+    assert message in issue.message
+
+
+def test_missing_plain_default_is_named(tmp_path: Path) -> None:
+    write(tmp_path / "main.yaml", "defaults:\n  - shared\n  - _self_\n")
+    write(tmp_path / "shard.yaml", "a: 1\n")
+    with pytest.raises(ConfigError) as err:
+        compose_config("main", tmp_path)
+    issue = only_issue(err)
+    assert (issue.path, issue.value) == ("config_name", "shared")
+    assert "config 'shared' (in a defaults list) not found" in issue.message
+    assert "did you mean 'shard'?" in issue.message
+
+
 def test_missing_config_file_dir_and_suffix(conf: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config("mian", conf)

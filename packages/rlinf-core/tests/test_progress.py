@@ -17,6 +17,7 @@ class FakeTTY(io.StringIO):
 @pytest.fixture(autouse=True)
 def _no_progress_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLINF_PROGRESS", raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
 
 
 def test_enabled_bar_shows_desc_count_rate_and_postfix() -> None:
@@ -91,6 +92,13 @@ def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLINF_PROGRESS", "yes")
     with pytest.raises(ValueError, match="RLINF_PROGRESS='yes'"):
         progress_enabled()
+
+
+def test_tqdm_disable_turns_bars_off_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert progress_enabled(FakeTTY()) is False
+    monkeypatch.setenv("RLINF_PROGRESS", "1")
+    assert progress_enabled(io.StringIO()) is True
 
 
 def test_rate_postfix() -> None:

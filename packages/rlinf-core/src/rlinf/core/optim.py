@@ -2,6 +2,12 @@
 
 The schedule is pure Python; :func:`move_optimizer_state` takes a torch
 optimizer (torch is the ``rl`` extra of rlinf-core) but does not import torch.
+
+The multiplier is ours but runs in torch's ``LambdaLR``, not ``LinearLR``/``CosineAnnealingLR``
+in a ``SequentialLR``: ``CosineAnnealingLR`` takes one absolute ``eta_min`` for every param
+group (the actor and critic groups have different LRs; ``min_lr_ratio`` is relative) and
+climbs back up after ``T_max`` instead of holding the floor, and a ``SequentialLR`` state
+would not load the ``LambdaLR`` scheduler state saved in existing checkpoints.
 """
 
 from __future__ import annotations

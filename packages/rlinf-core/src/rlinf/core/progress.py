@@ -3,6 +3,11 @@
 A bar shows ``desc: 40%|####      | 4/10 [00:02<00:03, 1.9step/s, loss=0.1234]``.
 By default bars are drawn only when stderr is a terminal; set ``RLINF_PROGRESS=1``
 to force them on (e.g. under a job scheduler) or ``RLINF_PROGRESS=0`` to force them off.
+tqdm's own ``TQDM_DISABLE`` (any non-empty value, as tqdm reads it) also turns them off.
+
+We keep ``RLINF_PROGRESS`` because tqdm's ``TQDM_*`` variables (4.70.1, ``tqdm.utils.envwrap``)
+only change tqdm's default arguments, read once at import: the "only on a terminal" rule needs
+an explicit ``disable=``, which overrides them, and any non-empty ``TQDM_DISABLE`` means off.
 
 Example:
     >>> with progress_bar(total=100, desc="train") as bar:  # doctest: +SKIP
@@ -24,6 +29,7 @@ from rlinf.core.metrics import format_number
 
 __all__ = [
     "PROGRESS_ENV_VAR",
+    "TQDM_DISABLE_ENV_VAR",
     "ProgressBar",
     "progress_bar",
     "progress_enabled",
@@ -32,6 +38,8 @@ __all__ = [
 ]
 
 PROGRESS_ENV_VAR = "RLINF_PROGRESS"
+TQDM_DISABLE_ENV_VAR = "TQDM_DISABLE"
+"""tqdm's own switch: any non-empty value turns the bars off while ``RLINF_PROGRESS`` is unset."""
 
 T = TypeVar("T")
 
@@ -43,8 +51,9 @@ def progress_enabled(file: TextIO | None = None) -> bool:
         file: The stream the bar writes to; ``None`` means ``sys.stderr``.
 
     Returns:
-        ``False`` if ``RLINF_PROGRESS=0``, ``True`` if ``RLINF_PROGRESS=1``, otherwise
-        whether the stream is a terminal.
+        ``False`` if ``RLINF_PROGRESS=0``, ``True`` if ``RLINF_PROGRESS=1``; when it is
+        unset, ``False`` if ``TQDM_DISABLE`` is set (non-empty), otherwise whether the
+        stream is a terminal.
 
     Raises:
         ValueError: If ``RLINF_PROGRESS`` is set to something other than ``0`` or ``1``.
@@ -54,6 +63,8 @@ def progress_enabled(file: TextIO | None = None) -> bool:
         return env == "1"
     if env:
         raise ValueError(f"{PROGRESS_ENV_VAR}={env!r} is invalid; use 1 (force on) or 0 (off)")
+    if os.environ.get(TQDM_DISABLE_ENV_VAR):  # tqdm's switch; ours wins when both are set
+        return False
     stream = file if file is not None else sys.stderr
     isatty = getattr(stream, "isatty", None)
     return bool(isatty()) if callable(isatty) else False

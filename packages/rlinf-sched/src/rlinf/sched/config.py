@@ -3,16 +3,18 @@
 A stack subclasses :class:`ClusterConfig` and names its components (and an
 example placement for the error messages); the placement string itself is
 parsed and checked here, with the placement grammar of
-:mod:`rlinf.sched.placement`.
+:mod:`rlinf.sched.placement`, and ``node_groups`` with the models of
+:mod:`rlinf.sched.node_groups` (its ranks against ``num_nodes``).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlinf.core.config import RLinfModel
+from rlinf.sched.node_groups import NodeGroups, resolve_node_groups
 
 __all__ = ["ClusterConfig"]
 
@@ -39,7 +41,7 @@ class ClusterConfig(RLinfModel):
     cpu_slots_per_node: int = Field(
         0, ge=0, description="CPU machines: resource ranks per node (0: one per node)."
     )
-    node_groups: list[dict[str, Any]] | None = Field(
+    node_groups: NodeGroups | None = Field(
         None, description="Labelled node sets with per-node environments (optional)."
     )
 
@@ -67,3 +69,10 @@ class ClusterConfig(RLinfModel):
         if missing:
             raise ValueError(f"does not place {missing}; add them, e.g. {cls.placement_examples}")
         return value
+
+    @model_validator(mode="after")
+    def _check_node_groups(self) -> ClusterConfig:
+        # Ranks against num_nodes, env_configs inside their group: errors carry the key path.
+        if self.node_groups:
+            resolve_node_groups(self.node_groups, self.num_nodes)
+        return self

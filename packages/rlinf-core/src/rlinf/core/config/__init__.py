@@ -19,7 +19,7 @@ Rules:
 
 Example::
 
-    cfg = load_config("train", "examples/configs", ["runner.max_steps=5"])
+    cfg = load_config("demo", "examples/quickstart/config", ["runner.max_steps=5"])
     print(dump_config(cfg))
 """
 

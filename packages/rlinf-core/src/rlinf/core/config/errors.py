@@ -12,7 +12,7 @@ import types
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -172,6 +172,13 @@ def _walk(
     return parts, tp, tag_at
 
 
+def _literal_values(tp: Any) -> list[str]:
+    """The string values of the ``Literal`` members of ``tp`` (the schema's allowed values)."""
+    members = _unwrap(tp) if tp is not None else []
+    lits = [m for m in members if get_origin(m) is Literal]
+    return [v for m in lits for v in get_args(m) if isinstance(v, str)]
+
+
 def _models_in(tp: Any) -> list[type[BaseModel]]:
     return [m for m in _unwrap(tp) if isinstance(m, type) and issubclass(m, BaseModel)]
 
@@ -192,6 +199,7 @@ def _issue(err: Mapping[str, Any], schema: type[BaseModel], data: Mapping[str, A
     loc = err["loc"]
     parts, tp, tag_at = _walk(schema, loc)
     kind, msg, value = err["type"], str(err["msg"]), err.get("input", NO_VALUE)
+    ctx: Mapping[str, Any] = err.get("ctx") or {}
     if kind == "extra_forbidden" and parts:
         # Directly inside a union member: list the keys of every member.
         _, parent, _ = _walk(schema, loc[:-2] if tag_at == len(loc) - 2 else loc[:-1])
@@ -201,11 +209,14 @@ def _issue(err: Mapping[str, Any], schema: type[BaseModel], data: Mapping[str, A
     elif kind == "missing":
         msg, value = "required key is missing", NO_VALUE
     elif kind == "literal_error" and isinstance(value, str):
-        allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        # The schema's Literal values; pydantic's "'a' or 'b'" text only when the type is unknown.
+        allowed = _literal_values(tp) or re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         close = difflib.get_close_matches(value, allowed, n=1)
         msg += f" (did you mean '{close[0]}'?)" if close else ""
-    elif msg.startswith(_PREFIXES):
-        msg = msg.split(", ", 1)[1]
+    elif kind in ("value_error", "assertion_error") or msg.startswith(_PREFIXES):
+        # The validator's own exception when pydantic passes it, else its text minus the prefix.
+        error = ctx.get("error")
+        msg = str(error) if isinstance(error, Exception) and str(error) else msg.split(", ", 1)[-1]
         named = _named_key(msg, schema, parts) if _models_in(tp) else None
         if named is not None:  # a model validator that names the key it is about
             parts, value = named, _lookup(data, named)

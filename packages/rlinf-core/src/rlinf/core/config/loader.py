@@ -1,10 +1,13 @@
-"""Load configs: compose YAML files with Hydra, then validate them with a pydantic schema."""
+"""Load configs: compose YAML files with Hydra, then validate them with a pydantic schema.
+
+Hydra's failures become :class:`ConfigIssue` items from Hydra's exception types, their
+attributes and the ``Override`` objects Hydra's parser returns, not from its message wording.
+"""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import re
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -14,7 +17,13 @@ import hydra
 import yaml
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.core.override_parser.types import Override
+from hydra.errors import (
+    ConfigCompositionException,
+    HydraException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
@@ -92,22 +101,29 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> di
     return {str(k): v for k, v in data.items()}
 
 
+def _compose_unresolved(config_dir: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with hydra.initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = hydra.compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    OmegaConf.set_struct(cfg, False)
+    return cfg
+
+
 def _override_key(override: str) -> str:
+    """The key of an override Hydra cannot parse (so there is no parsed ``Override``)."""
     return override.lstrip("~+").split("=", 1)[0].split("@", 1)[0].strip()
 
 
-def _closest_key(
-    config_dir: Path, config_name: str, overrides: list[str], bad: Any, key: str
-) -> str:
-    """``"; did you mean 'a.b'?"`` from the config composed without the bad override."""
-    try:
-        others = [o for o in overrides if o != bad]
-        node: Any = OmegaConf.create(_compose(config_dir, config_name, others))
-    except Exception:
-        return ""
+def _closest_key(cfg: DictConfig, key: str) -> str:
+    """``"; did you mean 'a.b'?"`` for the first part of ``key`` that ``cfg`` lacks."""
+    node: Any = OmegaConf.to_container(cfg, resolve=False)
     parts = key.split(".")
     for i, part in enumerate(parts):
-        if not isinstance(node, DictConfig):
+        if not isinstance(node, dict):
             return ""
         if part not in node:
             keys = [str(k) for k in node]
@@ -119,30 +135,46 @@ def _closest_key(
     return ""
 
 
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """Whether every part of the dotted ``key`` exists (``???`` and interpolations count)."""
+    node: Any = OmegaConf.to_container(cfg, resolve=False)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def _compose_issue(
     exc: Exception, config_dir: Path, config_name: str, overrides: list[str]
 ) -> ConfigIssue:
-    """Map a Hydra/OmegaConf/YAML error to one issue naming the key, override or file."""
-    msg = str(exc)
+    """Map a Hydra/OmegaConf/YAML error to one issue naming the key, override or file.
+
+    Hydra's exception types and attributes decide (``OverrideParseException.override``,
+    ``MissingConfigException.missing_cfg_file``/``.options``, OmegaConf's ``full_key``); a
+    ``ConfigCompositionException`` carries only text, so the override it is about is found
+    by replaying the overrides Hydra parsed (:func:`_override_issue`), not by matching text.
+    """
     if isinstance(exc, OverrideParseException):
-        bad = next((o for o in overrides if not _parses(o)), None)
+        bad = exc.override
+        # Hydra's explanation, shown as is; only its header and doc-link lines are dropped.
         detail = "; ".join(
             line.strip()
-            for line in msg.splitlines()
+            for line in exc.message.splitlines()
             if line.strip() and not line.startswith(("Error parsing", "See http"))
         )
-        path = _override_key(bad) or "overrides" if bad else "overrides"
-        return ConfigIssue(path, f"invalid override ({detail}); {_OVERRIDE_HELP}", bad or NO_VALUE)
-    if issue := _override_issue(exc, config_dir, config_name, overrides):
-        return issue
-    if isinstance(exc, MissingConfigException) and (
-        m := re.search(r"Could not find '(.+)/([^/']+)'", msg)
-    ):
-        group, option = m.group(1), m.group(2)
-        options = re.findall(r"^\t(\S+)$", msg.split("Config search path")[0], re.MULTILINE)
-        hint = suggest(option, options, "options") or f"; no {config_dir / group}/{option}.yaml"
-        text = f"no option '{option}' in config group '{group}'{hint}"
-        return ConfigIssue(group.replace("/", "."), text, option)
+        path = _override_key(bad) or "overrides"
+        return ConfigIssue(path, f"invalid override ({detail}); {_OVERRIDE_HELP}", bad)
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        if group:
+            options = list(exc.options or [])
+            hint = suggest(option, options, "options") or f"; no {config_dir / group}/{option}.yaml"
+            text = f"no option '{option}' in config group '{group}'{hint}"
+            return ConfigIssue(group.replace("/", "."), text, option)
+        names = [p.stem for p in config_dir.glob("*.yaml")]
+        text = f"config '{option}' (in a defaults list) not found in {config_dir}"
+        return ConfigIssue("config_name", text + suggest(option, names, "configs"), option)
     if isinstance(exc, yaml.YAMLError):
         return _yaml_issue(exc, config_dir)
     if isinstance(exc, OmegaConfBaseException) and getattr(exc, "full_key", None):
@@ -150,43 +182,89 @@ def _compose_issue(
         if isinstance(exc, MissingMandatoryValue):
             return ConfigIssue(key, f"mandatory value '???' not set; set it, e.g. {key}=VALUE")
         return ConfigIssue(key, str(exc).strip().splitlines()[0])
+    if isinstance(exc, ConfigCompositionException) and overrides:
+        if issue := _override_issue(config_dir, config_name, overrides):
+            return issue
+        cause = exc.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            key = str(cause.full_key)
+            value = next((o for o in overrides if _override_key(o) == key), NO_VALUE)
+            return ConfigIssue(key, str(cause).strip().splitlines()[0], value)
+    msg = str(exc)
     return ConfigIssue("config_name", " ".join(msg.split()) or type(exc).__name__, config_name)
 
 
-def _override_issue(
-    exc: Exception, config_dir: Path, config_name: str, overrides: list[str]
-) -> ConfigIssue | None:
-    """Overrides of a missing key, deletion of a missing key, ``+`` on an existing key."""
-    msg = str(exc)
-
-    def find(key: str) -> Any:
-        return next((o for o in overrides if _override_key(o) == key), NO_VALUE)
-
-    if (m := re.match(r"Could not override '(.+?)'", msg)) and "not in struct" in str(
-        exc.__cause__
-    ):
-        key, bad = m.group(1), find(m.group(1))
-        hint = _closest_key(config_dir, config_name, overrides, bad, key)
-        add = str(bad).lstrip("+") if bad is not NO_VALUE else f"{key}=VALUE"
-        text = f"cannot override '{key}': no such key{hint} (to add it as a new key: +{add})"
-        return ConfigIssue(key, text, bad)
-    if m := re.search(r"Could not delete from config. '(.+)' does not exist", msg):
-        key = m.group(1)
-        hint = _closest_key(config_dir, config_name, overrides, find(key), key)
-        return ConfigIssue(key, f"cannot delete '{key}': no such key{hint}", find(key))
-    if m := re.search(r"An item is already at '(.+?)'", msg):
-        key = m.group(1)
-        text = f"cannot add '{key}' with '+': it exists; use {key}=VALUE, or ++{key}=VALUE"
-        return ConfigIssue(key, text, find(key))
-    return None
-
-
-def _parses(override: str) -> bool:
-    try:
-        OverridesParser.create().parse_override(override)
-    except HydraException:
+def _is_group_override(override: Override, config_dir: Path) -> bool:
+    """Hydra's rule: a config group (a folder of options) unless the value is a dict."""
+    if override.package is not None:
+        return True
+    if isinstance(override.value(), dict):
         return False
-    return True
+    key = override.key_or_group
+    return key.split("/")[0] == "hydra" or (config_dir / key).is_dir()
+
+
+def _override_issue(config_dir: Path, config_name: str, overrides: list[str]) -> ConfigIssue | None:
+    """The first override Hydra cannot apply, from the ``Override`` objects Hydra parses.
+
+    Composes with the group overrides alone, then checks the key overrides in order the way
+    Hydra applies them: ``a.b=1`` needs an existing key, ``~a.b`` an existing value (equal
+    to the one given, if any) and ``+a.b=1`` a free key; sweeps are refused.
+
+    Returns:
+        The issue, or ``None`` when the replay finds nothing (the caller falls back).
+    """
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return None
+    for override in parsed:
+        if override.is_sweep_override():
+            text = (
+                "a sweep (a,b / range / choice) is not supported here; for a list write "
+                "KEY=[a,b], for a string quote it: KEY='a,b'"
+            )
+            return ConfigIssue(override.key_or_group, text, override.input_line)
+    groups = [o for o in parsed if _is_group_override(o, config_dir)]
+    try:
+        cfg = _compose_unresolved(config_dir, config_name, [str(o.input_line) for o in groups])
+    except Exception:
+        return None
+    for override in parsed:
+        key, line = override.key_or_group, str(override.input_line)
+        if override in groups or key.split(".")[0] == "hydra":
+            continue  # Hydra's own config is not part of ours
+        value = override.value()
+        try:
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if override.is_delete():
+                if current is None:
+                    text = f"cannot delete '{key}': no such key{_closest_key(cfg, key)}"
+                    return ConfigIssue(key, text, line)
+                if value is not None and value != current:
+                    text = f"cannot delete '{key}': its value is {current!r}, not {value!r}"
+                    return ConfigIssue(key, f"{text}; write ~{key} to delete any value", line)
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                del node[leaf]
+            elif override.is_add() or override.is_force_add():
+                if override.is_add() and current is not None and not isinstance(value, dict | list):
+                    text = (
+                        f"cannot add '{key}' with '+': it exists; use {key}=VALUE, or ++{key}=VALUE"
+                    )
+                    return ConfigIssue(key, text, line)
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            elif not _has_key(cfg, key):
+                hint = _closest_key(cfg, key)
+                text = (
+                    f"cannot override '{key}': no such key{hint} (to add it as a new key: +{line})"
+                )
+                return ConfigIssue(key, text, line)
+            else:
+                OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException:
+            return None  # a value problem, not the key: the caller reports Hydra's cause
+    return None
 
 
 def _yaml_issue(exc: yaml.YAMLError, config_dir: Path) -> ConfigIssue:

@@ -1,5 +1,7 @@
 """A sampler whose position is part of a checkpoint.
 
+Not torchdata: the runner uses no DataLoader, and StatefulDataLoader too resumes via such a sampler.
+
 :class:`ResumableSampler` yields a permutation of ``range(data_size)`` per epoch (the
 identity without shuffling). The permutation of epoch ``e`` depends only on
 ``(seed, e)``, and the sampler counts what it has yielded (``epoch``, ``cursor``), so

@@ -1,47 +1,50 @@
 """Batch math scoring in a process pool with a hard per-sample timeout.
 
+Pool: pebble's ProcessPool (timeout, kill-and-replace); ours adds warm-up, memory limit, counts.
+
 :class:`MathRewardScorer` runs :func:`~rlinf.reasoning.reward.math_verifier.verify` for
-each (response, references) pair in a :class:`concurrent.futures.ProcessPoolExecutor`
-that uses the ``forkserver`` start method (``spawn`` where there is no forkserver, or on
-request), never ``fork`` (the training process holds threads and CUDA state that a fork
-would copy).
+each (response, references) pair in a :class:`pebble.ProcessPool` that uses the
+``forkserver`` start method (``spawn`` where there is no forkserver, or on request),
+never ``fork`` (the training process holds threads and CUDA state that a fork would
+copy).
 
-How the timeout works: at most ``num_workers`` samples are in flight, so a submitted
-sample starts on an idle worker at once and its clock starts at submission. When a
-sample runs past ``timeout_s`` it scores ``incorrect``; since a single worker of a
-:class:`~concurrent.futures.ProcessPoolExecutor` cannot be stopped, all its workers are
-killed (SIGKILL, so even a C-level sympy computation stops) and a fresh pool is
-started; the other samples that were in flight are resubmitted with a fresh clock. A
-worker that crashes (segfault, OOM kill) breaks the pool in the same way: the samples
-that were in flight are then re-run one at a time, and the one that crashes alone
-scores ``incorrect``. Workers also run under an address-space limit
-(``memory_limit_mb``), so a runaway computation fails with ``MemoryError`` (scored
-``incorrect``) instead of exhausting the machine.
+How the timeout works: every sample of a batch is scheduled at once with
+``timeout=timeout_s``; pebble starts a sample's clock when a worker picks it up (never
+while it waits in the queue, nor while a fresh worker imports and warms up). A sample
+that runs past ``timeout_s`` scores ``incorrect``: pebble stops its worker (SIGTERM,
+which our workers do not handle, so even a C-level sympy computation stops at once) and
+starts a fresh one; the other workers keep going. A worker that crashes (segfault, OOM
+kill) is replaced the same way and only the sample it was running scores ``incorrect``.
+Workers also run under an address-space limit (``memory_limit_mb``), so a runaway
+computation fails with ``MemoryError`` (scored ``incorrect``) instead of exhausting the
+machine. Should pebble's pool itself break, the samples it lost score ``incorrect`` and
+the next batch starts a fresh pool. An interrupted batch (Ctrl-C) cancels its remaining
+samples; pebble replaces the workers still busy with it.
 
-A fresh pool waits until every worker has imported sympy and math-verify and verified a
-sample before the first submission, so start-up never counts against a sample's
-timeout. Why ``forkserver`` by default: the first scorer to start the server has it
-preload and warm the verifier, so every later pool (one after each timeout) forks
-ready workers in milliseconds; with ``spawn`` each worker imports sympy again (seconds
-of CPU per worker and restart). The server is a multiprocessing singleton that lives
-until the interpreter exits; :meth:`MathRewardScorer.close` ends every *worker*.
+:meth:`MathRewardScorer.start` (or the first :meth:`~MathRewardScorer.score`) waits
+until every worker has imported sympy and math-verify and verified a sample, so a
+broken install fails there with a clear error. Why ``forkserver`` by default: the first
+scorer to start the server has it preload and warm the verifier
+(:mod:`._preload`), so every replacement worker forks ready in milliseconds; with
+``spawn`` each one imports sympy again (seconds of CPU). The server is a
+multiprocessing singleton that lives until the interpreter exits;
+:meth:`MathRewardScorer.close` ends every *worker*.
 """
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import signal
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from concurrent.futures import CancelledError, Future, wait
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
+
+from pebble import ProcessExpired, ProcessPool
 
 from rlinf.core.logging import get_logger
 from rlinf.reasoning.reward.config import RewardConfig
@@ -55,6 +58,8 @@ VerifyFn = Callable[[str, Sequence[str]], bool]
 _log = get_logger("rlinf.reasoning.reward")
 
 MpContext = Literal["spawn", "forkserver"]
+
+_POLL_S = 1.0  # how often a waiting judge() checks that the pool is still alive
 
 
 def default_num_workers() -> int:
@@ -72,10 +77,13 @@ _startup_barrier: Any = None  # set in each worker by _worker_init
 
 
 def _worker_init(memory_limit_bytes: int | None, barrier: Any) -> None:
-    """Runs once in each worker: limit memory, ignore Ctrl-C, warm the verifier up."""
+    """Runs once in each worker: die at once on SIGTERM, limit memory, warm the verifier up."""
     global _startup_barrier
     _startup_barrier = barrier
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills us
+    # pebble stops a worker with SIGTERM and waits 3 s before SIGKILL; its handler runs
+    # only between bytecodes, the default action ends even a long C-level computation.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     if memory_limit_bytes is not None:
         import resource
 
@@ -94,55 +102,43 @@ def _worker_ready(timeout_s: float) -> int:
     return os.getpid()
 
 
-def _score_one(verify_fn: VerifyFn, response: str, references: Sequence[str]) -> bool:
-    return bool(verify_fn(response, references))
+def _score_one(
+    verify_fn: VerifyFn, response: str, references: Sequence[str]
+) -> tuple[bool, str | None]:
+    """``(correct, None)``, or ``(False, repr(error))`` when the verifier raised.
+
+    Verifier errors come back as values, so every exception on a future is the pool's.
+    """
+    try:
+        return bool(verify_fn(response, references)), None
+    except Exception as exc:  # MemoryError under the address-space limit, a parser bug...
+        return False, repr(exc)
 
 
 @dataclass
 class _PoolState:
-    """The live executor, kept apart from the scorer so a finalizer can stop it."""
+    """The live pool, kept apart from the scorer so a finalizer can stop it."""
 
-    executor: ProcessPoolExecutor | None = None
-    pids: list[int] = field(default_factory=list)
+    pool: ProcessPool | None = None
 
-    def stop(self, *, kill: bool, grace_s: float = 5.0) -> None:
-        """Stop the executor and make sure every worker process is gone."""
-        executor, self.executor, self.pids = self.executor, None, []
-        if executor is None:
-            return
-        processes = _processes_of(executor)
-        if kill:
-            for proc in processes:
-                with contextlib.suppress(Exception):
-                    proc.kill()
-        else:
-            executor.shutdown(wait=False, cancel_futures=True)
-            deadline = time.monotonic() + grace_s
-            for proc in processes:
-                proc.join(max(0.0, deadline - time.monotonic()))
-            for proc in processes:
-                if proc.is_alive():
-                    proc.kill()
-        executor.shutdown(wait=True, cancel_futures=True)
-        for proc in processes:
-            proc.join(grace_s)
+    def stop(self) -> None:
+        """Stop the pool; every worker process has exited when this returns."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.stop()  # type: ignore[no-untyped-call]  # pebble leaves it unannotated
+            pool.join()
 
 
-def _processes_of(executor: ProcessPoolExecutor) -> list[Any]:
-    """The executor's worker processes (CPython keeps them in ``_processes``)."""
+def _worker_processes(pool: ProcessPool) -> list[Any]:
+    """The pool's current worker processes (pebble keeps them in its worker manager)."""
+    manager = getattr(getattr(pool, "_pool_manager", None), "worker_manager", None)
+    workers = getattr(manager, "workers", None) or {}
     for _ in range(3):
         try:
-            return list((getattr(executor, "_processes", None) or {}).values())
-        except RuntimeError:  # resized by the executor's manager thread meanwhile
+            return list(workers.values())
+        except RuntimeError:  # changed by pebble's manager thread meanwhile
             continue
     return []
-
-
-@dataclass
-class _InFlight:
-    index: int
-    started: float
-    isolated: bool
 
 
 class MathRewardScorer:
@@ -183,7 +179,9 @@ class MathRewardScorer:
             mp_context: ``"forkserver"`` (the default where the platform has it) or
                 ``"spawn"`` (the default elsewhere); see the module docstring.
             memory_limit_mb: Address-space limit of each worker, or ``None`` for none.
-            startup_timeout_s: How long a (re)started pool may take to import and warm up.
+            startup_timeout_s: How long a (re)started pool may take to import and warm
+                up; also how long :meth:`judge` waits without any sample finishing
+                (beyond ``timeout_s``) before it gives up on the pool.
             verify_fn: The check to run, ``verify`` by default; must be picklable.
 
         Raises:
@@ -220,12 +218,12 @@ class MathRewardScorer:
         self.num_timeouts = 0
         """Samples that hit the timeout since this scorer was made."""
         self.num_restarts = 0
-        """Pools killed and replaced (timeouts and crashes) since this scorer was made."""
+        """Workers replaced (after a timeout or a crash) and pools restarted since made."""
         self.last_timed_out: list[int] = []
         """Indices (into the last :meth:`score` batch) of the samples that timed out."""
         self._closed = False
         self._state = _PoolState()
-        self._finalizer = weakref.finalize(self, _PoolState.stop, self._state, kill=True)
+        self._finalizer = weakref.finalize(self, _PoolState.stop, self._state)
 
     @classmethod
     def from_config(cls, cfg: RewardConfig, **kwargs: Any) -> MathRewardScorer:
@@ -249,8 +247,11 @@ class MathRewardScorer:
 
     @property
     def worker_pids(self) -> list[int]:
-        """Process ids of the live workers (empty before the pool starts and after close)."""
-        return list(self._state.pids)
+        """Process ids of the current workers (empty before the pool starts and after close)."""
+        pool = self._state.pool
+        if pool is None:
+            return []
+        return sorted(p.pid for p in _worker_processes(pool) if p.pid is not None)
 
     def start(self) -> None:
         """Start the pool now and wait until every worker is warm (otherwise lazy).
@@ -258,12 +259,12 @@ class MathRewardScorer:
         Raises:
             RuntimeError: If the scorer is closed or the workers fail to start.
         """
-        self._executor()
+        self._pool()
 
     def close(self) -> None:
         """Stop the pool; every worker process has exited when this returns. Idempotent."""
         self._closed = True
-        self._state.stop(kill=False)
+        self._state.stop()
         self._finalizer.detach()
 
     def __enter__(self) -> MathRewardScorer:
@@ -277,32 +278,38 @@ class MathRewardScorer:
     ) -> None:
         self.close()
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _pool(self) -> ProcessPool:
+        """The live pool; a new one (started and warm) when there is none or it broke."""
         if self._closed:
             raise RuntimeError("this MathRewardScorer is closed; create a new one to score again")
-        if self._state.executor is not None:
-            return self._state.executor
+        pool = self._state.pool
+        if pool is not None:
+            if pool.active:
+                return pool
+            _log.warning("math reward: the reward pool broke; starting a fresh one")
+            self.num_restarts += 1
+            self._state.stop()
         ctx = multiprocessing.get_context(self.mp_context)
         if self.mp_context == "forkserver":
-            # Only effective if the server is not running yet; then restarts are cheap.
+            # Only effective if the server is not running yet; then replacements are cheap.
             ctx.set_forkserver_preload(["rlinf.reasoning.reward._preload"])
         limit = None if self.memory_limit_mb is None else self.memory_limit_mb * 1024 * 1024
-        executor = ProcessPoolExecutor(
+        pool = ProcessPool(
             max_workers=self.num_workers,
-            mp_context=ctx,
             initializer=_worker_init,
             initargs=(limit, ctx.Barrier(self.num_workers)),
+            context=ctx,
         )
-        self._state.executor = executor
+        self._state.pool = pool
         # One warm-up per worker (they wait for each other): every worker has finished
-        # its initializer before the first timed sample is submitted.
+        # its initializer before start() returns.
         warmups = [
-            executor.submit(_worker_ready, self.startup_timeout_s) for _ in range(self.num_workers)
+            pool.schedule(_worker_ready, (self.startup_timeout_s,)) for _ in range(self.num_workers)
         ]
         done, not_done = wait(warmups, timeout=self.startup_timeout_s)
         failed = [f for f in done if f.exception() is not None]
         if not_done or failed:
-            self._state.stop(kill=True)
+            self._state.stop()
             cause = failed[0].exception() if failed else None
             why = (
                 f"failed: {cause!r}"
@@ -314,12 +321,7 @@ class MathRewardScorer:
                 "check that sympy and math-verify import in a fresh python, raise "
                 "memory_limit_mb or startup_timeout_s, or lower num_workers"
             ) from cause
-        self._state.pids = sorted({p.pid for p in _processes_of(executor) if p.pid is not None})
-        return executor
-
-    def _restart(self) -> None:
-        self.num_restarts += 1
-        self._state.stop(kill=True)
+        return pool
 
     # -- scoring -------------------------------------------------------------------
 
@@ -356,7 +358,8 @@ class MathRewardScorer:
         Raises:
             ValueError: If the two sequences differ in length.
             TypeError: If a reference entry is a string instead of a list of strings.
-            RuntimeError: If the scorer is closed or its workers cannot start.
+            RuntimeError: If the scorer is closed, its workers cannot start, or no
+                sample finishes for ``startup_timeout_s + timeout_s`` seconds.
         """
         if len(responses) != len(references):
             raise ValueError(
@@ -370,100 +373,77 @@ class MathRewardScorer:
                     f"list of reference answers, e.g. [{refs[:40]!r}]"
                 )
         self.last_timed_out = []
+        results = [False] * len(responses)
         if not responses:
-            return []
-        results: list[bool | None] = [None] * len(responses)
-        pending: deque[int] = deque(range(len(responses)))
-        suspects: deque[int] = deque()  # in flight when a worker crashed: re-run alone
-        inflight: dict[Future[bool], _InFlight] = {}
-
-        def submit(index: int, isolated: bool) -> None:
-            fut = self._executor().submit(
-                _score_one, self.verify_fn, responses[index], list(references[index])
-            )
-            inflight[fut] = _InFlight(index, time.monotonic(), isolated)
-
+            return results
+        pool = self._pool()
+        futures: dict[Future[Any], int] = {}
         try:
-            while pending or suspects or inflight:
-                if suspects:
-                    if not inflight:
-                        submit(suspects.popleft(), isolated=True)
-                else:
-                    while pending and len(inflight) < self.num_workers:
-                        submit(pending.popleft(), isolated=False)
-                next_deadline = min(job.started for job in inflight.values()) + self.timeout_s
-                done, _ = wait(
-                    list(inflight),
-                    timeout=max(0.0, next_deadline - time.monotonic()),
-                    return_when=FIRST_COMPLETED,
-                )
-                broken = False
-                for fut in done:
-                    job = inflight.pop(fut)
-                    broken |= self._collect(fut, job, results, suspects)
-                if broken:
-                    # Every other job of a broken pool fails too: re-run them alone as well.
-                    for job in sorted(inflight.values(), key=lambda j: j.index):
-                        suspects.append(job.index)
-                    inflight.clear()
-                    self._restart()
-                    continue
-                now = time.monotonic()
-                expired = [f for f, job in inflight.items() if now - job.started >= self.timeout_s]
-                if not expired:
-                    continue
-                for fut in expired:
-                    job = inflight.pop(fut)
-                    if fut.done():  # finished just in time
-                        self._collect(fut, job, results, suspects)
-                        continue
-                    results[job.index] = False
-                    self.last_timed_out.append(job.index)
-                    self.num_timeouts += 1
-                    _log.warning(
-                        "math reward: sample %d timed out after %.1fs; scored incorrect, "
-                        "restarting the reward pool",
-                        job.index,
-                        self.timeout_s,
-                    )
-                for fut, job in sorted(inflight.items(), key=lambda kv: -kv[1].index):
-                    if fut.done() and not isinstance(fut.exception(), BrokenProcessPool):
-                        self._collect(fut, job, results, suspects)
-                    elif job.isolated:
-                        suspects.appendleft(job.index)
-                    else:
-                        pending.appendleft(job.index)
-                inflight.clear()
-                self._restart()
+            for i, (response, refs) in enumerate(zip(responses, references, strict=True)):
+                args = (self.verify_fn, response, list(refs))
+                futures[pool.schedule(_score_one, args, timeout=self.timeout_s)] = i
+            self._collect(pool, futures, results)
         except BaseException:
-            # Interrupted (Ctrl-C, an error): drop the pool, whose workers may still be
-            # busy with this batch, so the next batch's clocks start on idle workers.
-            if inflight:
-                self._restart()
+            # Interrupted (Ctrl-C, an error): cancelled samples never start, and pebble
+            # replaces the workers still busy with this batch.
+            for fut in futures:
+                fut.cancel()
             raise
-        return [bool(r) for r in results]
+        self.last_timed_out.sort()
+        return results
 
     def _collect(
-        self,
-        fut: Future[bool],
-        job: _InFlight,
-        results: list[bool | None],
-        suspects: deque[int],
-    ) -> bool:
-        """Store a finished job's result; return whether the pool broke."""
-        exc = fut.exception()
-        if exc is None:
-            results[job.index] = bool(fut.result())
-            return False
-        if isinstance(exc, BrokenProcessPool):
-            if job.isolated:
+        self, pool: ProcessPool, futures: dict[Future[Any], int], results: list[bool]
+    ) -> None:
+        """Wait for ``futures`` and store their verdicts in ``results``."""
+        pending = set(futures)
+        last_progress = time.monotonic()
+        while pending:
+            # ALL_COMPLETED with a poll interval: one O(pending) wait per second at most.
+            done, pending = wait(pending, timeout=_POLL_S)
+            for fut in done:
+                self._store(fut, futures[fut], results)
+            now = time.monotonic()
+            if done:
+                last_progress = now
+            elif not pool.active:  # pebble's pool broke: nothing more will finish
                 _log.warning(
-                    "math reward: sample %d crashed its worker; scored incorrect", job.index
+                    "math reward: the reward pool broke; %d samples scored incorrect, the "
+                    "next batch starts a fresh pool",
+                    len(pending),
                 )
-                results[job.index] = False
-            else:
-                suspects.append(job.index)
-            return True
-        _log.warning("math reward: sample %d raised %r; scored incorrect", job.index, exc)
-        results[job.index] = False
-        return False
+                return
+            elif now - last_progress > self.startup_timeout_s + self.timeout_s:
+                raise RuntimeError(
+                    f"math reward: no sample finished in {now - last_progress:.0f}s "
+                    f"(timeout_s={self.timeout_s:g}, startup_timeout_s="
+                    f"{self.startup_timeout_s:g}): the reward workers cannot start; "
+                    "check memory_limit_mb and that sympy imports in a fresh python"
+                )
+
+    def _store(self, fut: Future[Any], index: int, results: list[bool]) -> None:
+        """Store a finished sample's verdict (``False`` unless the verifier said correct)."""
+        exc = CancelledError() if fut.cancelled() else fut.exception()
+        if exc is None:
+            results[index], error = fut.result()
+            if error is not None:
+                _log.warning("math reward: sample %d raised %s; scored incorrect", index, error)
+        elif isinstance(exc, TimeoutError):
+            self.last_timed_out.append(index)
+            self.num_timeouts += 1
+            self.num_restarts += 1
+            _log.warning(
+                "math reward: sample %d timed out after %.1fs; scored incorrect, "
+                "its worker was replaced",
+                index,
+                self.timeout_s,
+            )
+        elif isinstance(exc, ProcessExpired):
+            self.num_restarts += 1
+            _log.warning(
+                "math reward: sample %d crashed its worker (exit code %s); scored incorrect",
+                index,
+                exc.exitcode,
+            )
+        else:  # the pool broke (BrokenProcessPool), or the sample was cancelled
+            _log.warning("math reward: sample %d was lost (%r); scored incorrect", index, exc)
