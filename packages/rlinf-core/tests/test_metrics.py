@@ -1,16 +1,19 @@
 from __future__ import annotations
 
-import importlib.machinery
+import json
 import logging
 import math
+import os
+import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config.schema import LoggerConfig
@@ -21,6 +24,33 @@ def read_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+LOGGED: dict[int, dict[str, Any]] = {
+    0: {"train/loss": 1.5, "train/lr": 3e-4, "env/episodes": 4},
+    1: {"train/loss": np.float32(0.7312), "train/lr": np.float64(2.5e-4)},
+    5: {"train/loss": np.array(0.25), "eval/return": np.int64(-12), "time/step": 1.21},
+}
+"""Steps and metrics the backend tests log (numpy scalars and 0-d arrays included)."""
+
+
+def expected_points() -> dict[str, list[tuple[int, float]]]:
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for step, metrics in LOGGED.items():
+        for key, value in metrics.items():
+            expected.setdefault(key, []).append((step, float(value)))
+    return expected
+
+
+def assert_same_points(
+    actual: dict[str, list[tuple[int, float]]],
+    expected: dict[str, list[tuple[int, float]]],
+    rel: float = 1e-6,  # TensorBoard stores float32
+) -> None:
+    assert actual.keys() == expected.keys()
+    for key, points in expected.items():
+        assert [s for s, _ in actual[key]] == [s for s, _ in points], key
+        assert [v for _, v in actual[key]] == pytest.approx([v for _, v in points], rel=rel), key
 
 
 @pytest.fixture
@@ -38,27 +68,14 @@ def rlinf_caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCapture
 
 
 def test_tensorboard_values_read_back(tmp_path: Path) -> None:
-    logged: dict[int, dict[str, Any]] = {
-        0: {"train/loss": 1.5, "train/lr": 3e-4, "env/episodes": 4},
-        1: {"train/loss": np.float32(0.7312), "train/lr": np.float64(2.5e-4)},
-        5: {"train/loss": np.array(0.25), "eval/return": np.int64(-12), "time/step": 1.21},
-    }
     with MetricLogger(tmp_path, "run1", run_config={"lr": 3e-4, "path": Path("/data")}) as m:
-        for step, metrics in logged.items():
+        for step, metrics in LOGGED.items():
             m.log(metrics, step=step)
         assert m.tensorboard_dir == tmp_path / "run1" / "tensorboard"
 
     tb_dir = tmp_path / "run1" / "tensorboard"
     assert list(tb_dir.glob("events.out.tfevents.*"))
-    expected: dict[str, list[tuple[int, float]]] = {}
-    for step, metrics in logged.items():
-        for key, value in metrics.items():
-            expected.setdefault(key, []).append((step, float(value)))
-    scalars = read_scalars(tb_dir)
-    assert scalars.keys() == expected.keys()
-    for key, points in expected.items():
-        assert [s for s, _ in scalars[key]] == [s for s, _ in points], key
-        assert [v for _, v in scalars[key]] == pytest.approx([v for _, v in points], rel=1e-6)
+    assert_same_points(read_scalars(tb_dir), expected_points())
 
     acc = EventAccumulator(str(tb_dir))
     acc.Reload()
@@ -144,84 +161,162 @@ def test_missing_optional_backend(
     assert not (tmp_path / "run").exists()  # checked before any backend creates files
 
 
-def _fake_module(name: str, **attrs: Any) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
-    for key, value in attrs.items():
-        setattr(module, key, value)
-    return module
+@pytest.fixture
+def offline_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """wandb and swanlab in their offline modes: no account, no network, files in tmp_path.
+
+    On teardown, stops wandb's service process (wandb-core, started by ``wandb.init``
+    and otherwise left running until the interpreter exits) and checks that no process
+    started during the test is left behind.
+    """
+    for var in ("WANDB_API_KEY", "WANDB_BASE_URL", "SWANLAB_API_KEY", "SWANLAB_API_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    for name in ("CONFIG", "CACHE", "DATA"):  # wandb's files outside the run folder
+        monkeypatch.setenv(f"WANDB_{name}_DIR", str(tmp_path / f"wandb-{name.lower()}"))
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+    new = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(new, timeout=10)
+    assert not alive, f"processes left running: {[p.name() for p in alive]}"
 
 
-def test_wandb_backend_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Checks the calls against a stand-in module; the real wandb is not installed here."""
-    calls: list[tuple[str, Any]] = []
+def read_wandb_run(run_file: Path) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]]]:
+    """A .wandb transaction log's run record and history, read with wandb's own reader.
 
-    class Run:
-        def log(self, data: dict[str, float], step: int) -> None:
-            calls.append(("log", (data, step)))
-
-        def finish(self) -> None:
-            calls.append(("finish", None))
-
-    def init(**kwargs: Any) -> Run:
-        calls.append(("init", kwargs))
-        return Run()
-
-    monkeypatch.setitem(sys.modules, "wandb", _fake_module("wandb", init=init))
-    m = MetricLogger(
-        tmp_path, "exp", "proj", backends=("wandb",), run_config={"a": 1}, console=False
-    )
-    m.log({"train/loss": np.float32(0.5)}, step=4)
-    m.close()
-    assert calls == [
-        (
-            "init",
-            {"project": "proj", "name": "exp", "dir": str(tmp_path / "exp"), "config": {"a": 1}},
-        ),
-        ("log", ({"train/loss": 0.5}, 4)),
-        ("finish", None),
-    ]
+    ``wandb leet inspect --json`` prints the log's records, one JSON object a line.
+    """
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        # The CLI's own log goes to WANDB_DIR/wandb (the run's folder), not the temp dir.
+        env={**os.environ, "WANDB_DIR": str(run_file.parents[2])},
+    ).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    history: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        if record["type"] == "history":
+            step = int(record["history"]["step"].get("num", 0))
+            for key, value in record["history"]["item"].items():
+                if not key.startswith("_"):  # wandb's own _step, _runtime, _timestamp
+                    history.setdefault(key, []).append((step, float(value)))
+    return run, history
 
 
-def test_swanlab_backend_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Checks the calls against a stand-in module; the real swanlab is not installed here."""
-    calls: list[tuple[str, Any]] = []
-    fake = _fake_module(
-        "swanlab",
-        init=lambda **kw: calls.append(("init", kw)),
-        log=lambda data, step: calls.append(("log", (data, step))),
-        finish=lambda: calls.append(("finish", None)),
-    )
-    monkeypatch.setitem(sys.modules, "swanlab", fake)
-    with MetricLogger(tmp_path, "exp", "proj", backends=("swanlab",), console=False) as m:
-        m.log({"eval/acc": 1}, step=2)
-    logdir = tmp_path / "exp" / "swanlab"
-    assert logdir.is_dir()
-    assert calls == [
-        (
-            "init",
-            {"project": "proj", "experiment_name": "exp", "logdir": str(logdir), "config": None},
-        ),
-        ("log", ({"eval/acc": 1.0}, 2)),
-        ("finish", None),
-    ]
+def read_swanlab_run(run_file: Path) -> tuple[list[str], dict[str, list[tuple[int, float]]]]:
+    """A .swanlab run file's record kinds and scalars, read with swanlab's own store reader."""
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    reader = DataStoreReader()
+    reader.open(run_file)
+    kinds: list[str] = []
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    try:
+        for data in reader:
+            record = Record()
+            record.ParseFromString(data)
+            kinds.append(record.WhichOneof("record_type") or "")
+            if kinds[-1] == "scalar":
+                scalar = record.scalar
+                scalars.setdefault(scalar.key, []).append((scalar.step, scalar.value.number))
+            if kinds[-1] == "start":
+                kinds.append(f"{record.start.project}/{record.start.name}")
+    finally:
+        reader.close()
+    return kinds, scalars
 
 
-def test_flush_puts_everything_on_disk_and_logging_continues(tmp_path: Path) -> None:
-    """flush() returns only when every logged value is readable (a runner's end of run)."""
+def test_wandb_offline_run_reads_back(tmp_path: Path, offline_services: None) -> None:
+    """A real wandb run in offline mode: the .wandb file holds every logged step and value."""
+    config = {"lr": 3e-4, "path": Path("/data")}
+    with MetricLogger(
+        tmp_path, "exp", "proj", backends=("tensorboard", "wandb"), run_config=config, console=False
+    ) as m:
+        for step, metrics in LOGGED.items():
+            m.log(metrics, step=step)
+
+    (run_file,) = (tmp_path / "exp" / "wandb").glob("offline-run-*/run-*.wandb")
+    run, history = read_wandb_run(run_file)
+    assert history == expected_points()
+    assert (run["project"], run["display_name"]) == ("proj", "exp")
+    assert {k: v for k, v in run["config"]["update"].items() if k != "_wandb"} == {
+        "lr": 3e-4,
+        "path": "/data",
+    }
+    assert_same_points(read_scalars(tmp_path / "exp" / "tensorboard"), history)
+
+
+def test_swanlab_offline_run_reads_back(tmp_path: Path, offline_services: None) -> None:
+    """A real swanlab run in offline mode: the .swanlab file holds every logged step and value."""
+    config = {"lr": 3e-4, "path": Path("/data")}
+    with MetricLogger(
+        tmp_path,
+        "exp",
+        "proj",
+        backends=("tensorboard", "swanlab"),
+        run_config=config,
+        console=False,
+    ) as m:
+        for step, metrics in LOGGED.items():
+            m.log(metrics, step=step)
+
+    (run_file,) = (tmp_path / "exp" / "swanlab").glob("run-*/run-*.swanlab")
+    kinds, scalars = read_swanlab_run(run_file)
+    assert scalars == expected_points()
+    assert kinds[:2] == ["start", "proj/exp"]
+    assert kinds[-1] == "finish"
+    saved = yaml.safe_load((run_file.parent / "files" / "config.yaml").read_text())
+    assert {k: v["value"] for k, v in saved.items()} == {"lr": 3e-4, "path": "/data"}
+    assert_same_points(read_scalars(tmp_path / "exp" / "tensorboard"), scalars)
+
+
+def test_all_backends_offline_in_one_run(tmp_path: Path, offline_services: None) -> None:
+    """TensorBoard, wandb and swanlab side by side record the same steps and values."""
+    with MetricLogger(tmp_path, "exp", backends=("tensorboard", "wandb", "swanlab")) as m:
+        for step, metrics in LOGGED.items():
+            m.log(metrics, step=step)
+    expected = expected_points()
+    (wandb_file,) = (tmp_path / "exp" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert read_wandb_run(wandb_file)[1] == expected
+    (swanlab_file,) = (tmp_path / "exp" / "swanlab").glob("run-*/run-*.swanlab")
+    assert read_swanlab_run(swanlab_file)[1] == expected
+    assert_same_points(read_scalars(tmp_path / "exp" / "tensorboard"), expected)
+
+
+def test_tensorboard_values_readable_when_log_returns(tmp_path: Path) -> None:
+    """Each log() is on disk when it returns; flush() and close() keep one event file."""
     tb_dir = tmp_path / "run" / "tensorboard"
     m = MetricLogger(tmp_path, "run", console=False)
-    for step in range(50):  # more than tensorboardX's 10-event queue
+    for step in range(50):
         m.log({"train/loss": float(step), "eval/acc": step / 100}, step=step)
-    m.flush()
-    scalars = read_scalars(tb_dir)
+    scalars = read_scalars(tb_dir)  # no flush()
     assert [s for s, _ in scalars["train/loss"]] == list(range(50))
     assert scalars["eval/acc"][-1] == (49, pytest.approx(0.49))
-    m.log({"train/loss": 50.0}, step=50)  # the run goes on after a flush
     m.flush()
+    m.log({"train/loss": 50.0}, step=50)  # the run goes on after a flush
     assert read_scalars(tb_dir)["train/loss"][-1] == (50, 50.0)
     m.close()
     assert len(read_scalars(tb_dir)["train/loss"]) == 51
+    assert len(list(tb_dir.iterdir())) == 1
+
+
+def test_tensorboard_loggers_in_one_second_keep_separate_files(tmp_path: Path) -> None:
+    """Event files are named by second; two writers in the same second must not collide."""
+    for step in range(3):
+        with MetricLogger(tmp_path, "run", console=False) as m:
+            m.log({"train/loss": float(step)}, step=step)
+    tb_dir = tmp_path / "run" / "tensorboard"
+    assert len(list(tb_dir.iterdir())) == 3
+    assert read_scalars(tb_dir) == {"train/loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
 
 
 def test_close_is_idempotent_and_log_after_close_fails(tmp_path: Path) -> None:

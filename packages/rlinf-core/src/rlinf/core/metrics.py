@@ -6,18 +6,24 @@ Example:
     2025-01-31 12:00:00 INFO step 12 | train: loss=0.1234 | time: step=1.21s
 
 TensorBoard files go to ``log_path/experiment_name/tensorboard``. wandb and swanlab
-are optional packages, imported only when named in ``backends``.
+are optional packages, imported only when named in ``backends``; their offline modes
+(``WANDB_MODE=offline``, ``SWANLAB_MODE=offline``) write runs that can be synced later.
+
+TensorBoard writer: tensorboardX's synchronous ``EventsWriter``, not torch's or tensorboard's
+``SummaryWriter``, which would make torch (~1 GB) or tensorboard (~50 MB with its
+dependencies) core requirements; every ``log()`` is on disk when it returns.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
-import logging
 import math
 import numbers
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -124,56 +130,52 @@ class _Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _drop_tensorboardx_nan_warning(record: logging.LogRecord) -> bool:
-    """Filter for tensorboardX's per-value NaN warning; MetricLogger warns once per key."""
-    return record.getMessage() != "NaN or Inf found in input tensor."
+_WRITER_IDS = itertools.count(1)
+"""Numbers this process's event files; see ``_TensorBoardBackend``."""
 
 
 class _TensorBoardBackend:
-    """Writes scalars with tensorboardX to ``experiment_dir/tensorboard``.
+    """Writes scalars to an event file in ``experiment_dir/tensorboard``.
 
-    tensorboardX writes from a background thread and its ``flush()`` does not
-    wait for that thread's queue, so :meth:`flush` closes the writer (which
-    drains the queue) and the next write opens a new event file in the same
-    folder; TensorBoard reads the files of a folder as one run. Between
-    flushes, events reach the disk within ``_FLUSH_SECS``.
+    Events go straight to the file (no background thread or queue) and every
+    ``log_scalars`` call ends with a flush, so what was logged is readable as soon
+    as the call returns.
     """
 
-    _FLUSH_SECS = 5
-
     def __init__(self, experiment_dir: Path, run_config: dict[str, Any] | None) -> None:
-        logging.getLogger("tensorboardX.x2num").addFilter(_drop_tensorboardx_nan_warning)
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import text
+
+        self._event: Any = Event
+        self._summary: Any = Summary
         self.log_dir = experiment_dir / "tensorboard"
-        self._writer: Any = None
-        self._opened = 0
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Event files are named by second and host and opened with "wb"; the suffix
+        # keeps another writer started in the same second from truncating this one.
+        self._writer: Any = EventsWriter(
+            str(self.log_dir / "events"), filename_suffix=f".{os.getpid()}.{next(_WRITER_IDS):06d}"
+        )
         if run_config is not None:
-            text = json.dumps(run_config, indent=2)
+            config_text = json.dumps(run_config, indent=2)
             # Indented lines render as a code block in TensorBoard's text (markdown) tab.
-            self._open().add_text("run_config", "\n".join("    " + ln for ln in text.splitlines()))
-        else:
-            self._open()
+            indented = "\n".join("    " + ln for ln in config_text.splitlines())
+            self._write(text("run_config", indented), step=0)
+        self._writer.flush()
 
-    def _open(self) -> Any:
-        if self._writer is None:
-            from tensorboardX import SummaryWriter
-
-            # Event files are named by second and host; the suffix keeps a reopened
-            # writer (same second) from truncating the previous file.
-            self._opened += 1
-            self._writer = SummaryWriter(
-                logdir=str(self.log_dir),
-                flush_secs=self._FLUSH_SECS,
-                filename_suffix=f".{os.getpid()}.{self._opened:06d}",  # sorts in order
-            )
-        return self._writer
+    def _write(self, summary: Any, step: int) -> None:
+        self._writer.write_event(self._event(wall_time=time.time(), step=step, summary=summary))
 
     def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        writer = self._open()
-        for key, value in metrics.items():
-            writer.add_scalar(key, value, global_step=step)
+        if not metrics:
+            return
+        values = [self._summary.Value(tag=key, simple_value=v) for key, v in metrics.items()]
+        self._write(self._summary(value=values), step)
+        self._writer.flush()
 
     def flush(self) -> None:
-        self.close()  # everything logged so far is on disk when this returns
+        """Nothing to do: every ``log_scalars`` call ends with a flush."""
 
     def close(self) -> None:
         if self._writer is not None:
@@ -181,10 +183,12 @@ class _TensorBoardBackend:
             writer.close()
 
 
-# The wandb and swanlab writers cannot be exercised in CI, where neither package is
-# installed; the tests only check that a missing package raises MissingBackendError.
 class _WandbBackend:
-    """Logs to a wandb run; files under ``experiment_dir/wandb``."""
+    """Logs to a wandb run; files under ``experiment_dir/wandb``.
+
+    ``WANDB_MODE=offline`` writes the run to ``wandb/offline-run-*/run-*.wandb`` for
+    ``wandb sync``.
+    """
 
     def __init__(
         self, experiment_dir: Path, project: str, name: str, run_config: dict[str, Any] | None
@@ -199,14 +203,18 @@ class _WandbBackend:
         self._run.log(dict(metrics), step=step)
 
     def flush(self) -> None:
-        """Nothing to do: wandb syncs in the background."""
+        """Nothing to do: wandb's service process writes in the background; close() waits."""
 
     def close(self) -> None:
         self._run.finish()
 
 
 class _SwanLabBackend:
-    """Logs to a swanlab experiment; files under ``experiment_dir/swanlab``."""
+    """Logs to a swanlab experiment; files under ``experiment_dir/swanlab``.
+
+    ``SWANLAB_MODE=offline`` writes the run to ``swanlab/run-*/run-*.swanlab`` for
+    ``swanlab sync``.
+    """
 
     def __init__(
         self, experiment_dir: Path, project: str, name: str, run_config: dict[str, Any] | None
@@ -222,7 +230,7 @@ class _SwanLabBackend:
         self._swanlab.log(dict(metrics), step=step)
 
     def flush(self) -> None:
-        """Nothing to do: swanlab syncs in the background."""
+        """Nothing to do: swanlab writes in the background; close() waits."""
 
     def close(self) -> None:
         self._swanlab.finish()
@@ -374,7 +382,7 @@ class MetricLogger:
             self._logger.info(_summary_line(values, step))
 
     def flush(self) -> None:
-        """Push buffered metrics to disk (TensorBoard) or the service."""
+        """Ask every backend to write what it buffers (TensorBoard has written already)."""
         for backend in self._backends:
             backend.flush()
 
