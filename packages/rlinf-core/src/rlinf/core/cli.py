@@ -2,8 +2,10 @@
 
 Examples:
     rlinf version
-    rlinf check-config examples/config/demo.yaml runner.max_steps=10
-    rlinf check-config --config-path examples/config --config-name demo --schema core
+    rlinf check-config examples/quickstart/config/demo.yaml runner.max_steps=10
+    rlinf check-config --config-path examples/quickstart/config --config-name demo --schema core
+    rlinf check-config --schema embodied examples/embodiment/config/cartpole_ppo_mlp.yaml
+    rlinf check-config --schema reasoning examples/reasoning/config/toy_grpo_cpu.yaml
 """
 
 from __future__ import annotations

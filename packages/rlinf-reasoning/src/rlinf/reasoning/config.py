@@ -228,7 +228,10 @@ class AlgorithmConfig(RLinfModel):
 class RolloutConfig(RLinfModel):
     """The generation workers (``rollout``)."""
 
-    engine: str = Field("hf", description="Rollout engine backend (hf; sglang/vllm: GPU extras).")
+    engine: str = Field(
+        "hf",
+        description="Rollout engine backend: hf (sglang/vllm are not implemented in this release).",
+    )
     model_path: Path | None = Field(
         None, description="Model directory of the engine; null: actor.model_path."
     )

@@ -1,7 +1,8 @@
 """ManiSkill 3 backend (``env_type: maniskill``): ``PickCube-v1``, ``PushCube-v1``, ...
 
 With a GPU (``sim_backend`` ``auto`` or ``gpu`` and CUDA available) the ``n``
-envs are one natively batched ManiSkill env on the PhysX GPU sim. ManiSkill's
+envs are one natively batched ManiSkill env on the PhysX GPU sim (unchecked:
+the tests run the CPU sim only, where they also exercise the state copy). ManiSkill's
 CPU sim holds one env per scene, so on the CPU the ``n`` envs are ``n``
 single-env ManiSkill envs in this process.
 

@@ -1,4 +1,4 @@
-"""``PolicyConfig``: the ``actor.model`` / ``rollout.model`` section that picks and sizes a policy.
+"""``PolicyConfig``: the ``actor.model`` section that picks and sizes a policy (rollout too).
 
 Observation and action sizes are not part of it: they come from the env's
 :class:`~rlinf.core.protocols.embodied.EnvSpec` when the policy is built.

@@ -1,7 +1,8 @@
 """``EmbodiedFSDPActor``: trains the policy with PPO or GRPO under FSDP2.
 
 Each actor rank holds the policy wrapped by ``fully_shard`` (FSDP2) over a 1-D
-device mesh of all actor ranks: NCCL on GPUs, gloo on CPUs. Per training step:
+device mesh of all actor ranks: NCCL on GPUs (unchecked), gloo on CPUs (tested).
+Per training step:
 
 1. :meth:`recv_rollout_batch`: the rank's trajectory pieces from the actor
    channel, ordered by piece index and concatenated along the env dim.

@@ -1,9 +1,10 @@
 """The rollout-engine contract: sampling parameters, outputs and the engine protocol.
 
-Every backend (the Hugging Face engine here; SGLang and vLLM behind extras)
-implements :class:`RolloutEngine`. The rollout worker and runner are written
-against this protocol only, so adding a backend means registering it in
-:mod:`rlinf.reasoning.engines.registry` and nothing else.
+Every backend (the Hugging Face engine, the only one in this release; SGLang
+and vLLM are not implemented) implements :class:`RolloutEngine`. The rollout
+worker and runner are written against this protocol only, so adding a backend
+means registering it in :mod:`rlinf.reasoning.engines.registry` and nothing
+else.
 
 Conventions shared by all backends:
 

@@ -1,15 +1,15 @@
-"""Registry of rollout-engine backends, keyed by name (``rollout.backend`` in config).
+"""Registry of rollout-engine backends, keyed by name (``rollout.engine`` in config).
 
 Backends register a *loader*: a zero-argument callable that imports the
 backend and returns its engine class. Nothing heavy is imported until a
-backend is asked for, so ``sglang``/``vllm`` missing from an environment only
-matters to a run that selects them, and then the error names the extra.
+backend is asked for.
 
 Built in:
 
-* ``"hf"``: :class:`rlinf.reasoning.engines.hf.HFEngine` (CPU and GPU).
-* ``"sglang"``, ``"vllm"``: stubs that raise :class:`ImportError` naming the
-  extra to install and that a CUDA GPU is required.
+* ``"hf"``: :class:`rlinf.reasoning.engines.hf.HFEngine` (tested on CPU; its
+  GPU path is unchecked).
+* ``"sglang"``, ``"vllm"``: not implemented in this release; stubs that raise
+  :class:`ImportError` saying so and naming ``rollout.engine: hf``.
 
 Adding a backend: write a class satisfying
 :class:`rlinf.reasoning.engines.base.RolloutEngine` whose constructor takes
@@ -42,7 +42,7 @@ def register_engine(name: str, loader: EngineLoader, *, overwrite: bool = False)
     """Registers a backend under ``name``.
 
     Args:
-        name: Backend name as used in config (``rollout.backend``).
+        name: Backend name as used in config (``rollout.engine``).
         loader: Zero-argument callable returning the engine class; called lazily.
         overwrite: Replace an existing registration instead of raising.
 

@@ -1,8 +1,8 @@
 """``FSDPActor``: trains a Hugging Face causal LM with GRPO under FSDP2.
 
-One rank per device (GPU, or CPU slot with gloo). Each decoder layer and the
-root module are ``fully_shard``-ed over all actor ranks; the optimizer is
-AdamW over the sharded parameters.
+One rank per device (GPU with NCCL, unchecked; or CPU slot with gloo, tested).
+Each decoder layer and the root module are ``fully_shard``-ed over all actor
+ranks; the optimizer is AdamW over the sharded parameters.
 
 A training step (:meth:`FSDPActor.run_training`) consumes this rank's share of
 the step's prompt groups from a channel, *as they arrive*:

@@ -18,7 +18,7 @@ The parsed strategies are then replaced with :class:`PackedPlacementStrategy`:
 
 * collocated: actor one resource per process; rollout ``rollout_tp_size``
   resources per process with ``stride = actor_tp_size / rollout_tp_size`` so a
-  rollout TP group lies inside one actor TP group (weights reshard over IPC);
+  rollout TP group lies inside one actor TP group;
 * disaggregated: rollout ``rollout_tp_size * rollout_pp_size`` resources per
   process (one per DP replica), the others one per process;
 * auto: actor over **all** resources, rollout as disaggregated;
@@ -48,12 +48,19 @@ _INFERENCE_NAMES = ("inference", "actor_inference")
 
 
 class RolloutSyncMode(Enum):
-    """How actor weights reach the rollout engine."""
+    """Whether the rollout shares the actor's devices when weights are synced.
+
+    A label of the layout; the transfer is the same in both modes: the actor
+    ranks gather the full tensors, actor rank 0 copies them to host memory and
+    broadcasts them to every rollout rank over the scheduler's point-to-point
+    channels (shared memory on a node, TCP across nodes). There is no CUDA IPC
+    or NCCL path between actor and rollout in this release.
+    """
 
     COLLOCATED = "collocated"
-    """Same devices: weights move over CUDA IPC."""
+    """Same devices: the reasoning actor takes the device lock (and onloads) to send."""
     DISAGGREGATED = "disaggregated"
-    """Different devices: weights move over collectives."""
+    """Different devices: no device lock is taken for the sync."""
 
 
 def _span(ranks: list[int]) -> str:
@@ -74,7 +81,7 @@ class ModelParallelComponentPlacement(ComponentPlacement):
         inference_pp_size: Dedicated-inference pipeline-parallel size.
         critic_tp_size: Critic tensor-parallel size.
         critic_pp_size: Critic pipeline-parallel size.
-        auto_scheduler: Whether ``cluster.auto_scheduler`` is on (AUTO mode).
+        auto_scheduler: Whether to use AUTO mode (no shipped config sets it).
 
     Raises:
         ValueError: On a missing component, a non-contiguous or mixed-group
@@ -286,7 +293,7 @@ class ModelParallelComponentPlacement(ComponentPlacement):
 
     @property
     def rollout_sync_mode(self) -> RolloutSyncMode:
-        """How weights reach the rollout (IPC when collocated, collectives otherwise)."""
+        """Whether actor and rollout share devices during weight sync (:class:`RolloutSyncMode`)."""
         if self.is_collocated:
             return RolloutSyncMode.COLLOCATED
         return RolloutSyncMode.DISAGGREGATED
