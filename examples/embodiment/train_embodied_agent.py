@@ -18,7 +18,7 @@ from rlinf.core.logging import setup_logging
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
-from rlinf.sched import Cluster, HybridComponentPlacement
+from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
-    groups = []
+    groups: list[WorkerGroup] = []
     runner = None
     interrupted: str | None = None
     cluster = None
@@ -48,18 +48,23 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"cannot place the run on this cluster: {exc}", file=sys.stderr)
             return 2
-        actor = EmbodiedFSDPActor.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("actor"), name="ActorGroup"
+        # The three groups start at once; if one fails, none is left running.
+        launched = launch_groups(
+            cluster,
+            {
+                "ActorGroup": (
+                    EmbodiedFSDPActor.create_group(cfg),
+                    placement.get_strategy("actor"),
+                ),
+                "RolloutGroup": (
+                    MultiStepRolloutWorker.create_group(cfg),
+                    placement.get_strategy("rollout"),
+                ),
+                "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
+            },
         )
-        groups.append(actor)
-        rollout = MultiStepRolloutWorker.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("rollout"), name="RolloutGroup"
-        )
-        groups.append(rollout)
-        env = EnvWorker.create_group(cfg).launch(
-            cluster, placement_strategy=placement.get_strategy("env"), name="EnvGroup"
-        )
-        groups.append(env)
+        groups = list(launched.values())
+        actor, rollout, env = groups
 
         runner = EmbodiedRunner(cfg=cfg, actor=actor, rollout=rollout, env=env)
         print(

@@ -310,6 +310,7 @@ def test_resume_from_auto_repeats_the_next_step(hybrid: list[WorkerGroup], tmp_p
         runner.init_workers()
         runner.run()
         straight_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
+        assert runner.load_checkpoint(ckpt_root / "global_step_2") == 2 == runner.global_step
     assert sorted(p.name for p in ckpt_root.iterdir()) == ["global_step_2", "global_step_3"]
     # A second experiment holding only the step-2 checkpoint resumes from "auto".
     second = make_config(tmp_path, "resumed", [*common, "runner.resume_dir=auto"], placement=HYBRID)

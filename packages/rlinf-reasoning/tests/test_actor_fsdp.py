@@ -189,6 +189,7 @@ def test_training_step_checkpoint_and_restore(toy: Path, make_actor: Any, tmp_pa
         "actor/rollout_train_kl",
     ):
         assert key in train, key
+    assert train["actor/skipped_steps"] == 0.0  # a count: both minibatch steps were taken
     assert train["actor/logprob_diff_max"] < 1e-4  # recomputed == engine logprobs (step start)
     assert out["rollout"]["count"] == 16 and out["versions"] == [0]
     assert sorted(out["indices"]) == [0, 1, 2, 3]

@@ -263,6 +263,7 @@ def test_eval_before_training_and_every_interval_in_tensorboard(
         "actor/clip_fraction",
         "actor/approx_kl",
         "actor/grad_norm",
+        "actor/skipped_steps",
         "rollout/response_length",
         "time/step",
         "time/rollout",
@@ -291,8 +292,8 @@ def test_resume_continues_with_same_data_order_and_step(disaggregated: dict[str,
     cfg = disaggregated["cfg"].model_copy(deep=True)
     cfg.runner.resume_dir = ckpt
     cfg.runner.logger.experiment_name = "disagg_resumed"
-    runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=False)
-    try:
+    # The runner as a context manager: closing it leaves the groups to the caller.
+    with ReasoningRunner(cfg, actor, rollout, reward, collocated=False) as runner:
         runner.init_workers()
         assert runner.global_step == 16
         runner.run()
@@ -307,8 +308,8 @@ def test_resume_continues_with_same_data_order_and_step(disaggregated: dict[str,
         assert _history(runner, "rollout/reward_scores") == pytest.approx(
             _history(first, "rollout/reward_scores")[16:], abs=1e-6
         )
-    finally:
-        runner.shutdown(groups=False)
+    assert runner._channels == [], "close() removed the runner's channels"
+    assert actor.state_summary().wait()[0]["optim_steps"] > 0, "the groups still serve"
 
 
 def test_same_config_trains_collocated(env: dict[str, Any], disaggregated: dict[str, Any]) -> None:

@@ -10,8 +10,10 @@ from rlinf.core.protocols import (
     ReasoningActorWorker,
     ReasoningRewardWorker,
     ReasoningRolloutWorker,
+    Runner,
     check_implements,
 )
+from rlinf.reasoning.runner import ReasoningRunner
 from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
 
 
@@ -51,3 +53,11 @@ def test_custom_reward_that_breaks_the_contract_fails_at_launch() -> None:
         TypeError, match=r"WrongEvaluate does not implement ReasoningRewardWorker.*evaluate"
     ):
         launch_reasoning_groups(cfg=None, cluster=None, reward_cls=WrongEvaluate)  # type: ignore[arg-type]
+
+
+def test_runner_offers_the_shared_lifecycle() -> None:
+    check_implements(ReasoningRunner, Runner)
+    assert (
+        ReasoningRunner.__enter__ is not Runner.__enter__
+        and ReasoningRunner.__exit__ is not Runner.__exit__
+    )

@@ -1,4 +1,4 @@
-"""wait_all on real Ray: order, fail-fast, on_error, timeouts, progress; the launch lines."""
+"""wait_all and launch_groups on real Ray: order, fail-fast, on_error, timeouts, clean-up."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from rlinf.sched import (
     Cluster,
     PackedPlacementStrategy,
     Worker,
+    WorkerDiedError,
     WorkerError,
+    launch_groups,
     wait_all,
 )
 from rlinf.sched.worker import group as group_module
+from rlinf.sched.worker.group import RAY_NAMESPACE
 
 
 class Sleeper(Worker):
@@ -38,6 +41,16 @@ class Sleeper(Worker):
     def wait_for(self, gate: Channel) -> int:
         gate.get(key=self.rank, timeout=120)
         return self.rank
+
+
+class BrokenOnRank(Worker):
+    def __init__(self, broken_rank: int) -> None:
+        super().__init__()
+        if self.rank == broken_rank:
+            raise RuntimeError(f"rank {self.rank} cannot start")
+
+    def who(self) -> str:
+        return f"{self.group_name}[{self.rank}]"
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +181,56 @@ def test_launch_says_what_it_waits_for(
     assert any(line.startswith("still waiting for slow: ") for line in lines[1:-1]), lines
     assert "/2 ready after " in lines[1]
     assert lines[-1].startswith("slow: 2/2 ready in ") and lines[-1].endswith(" s")
+
+
+def test_launch_groups_starts_all_and_keeps_the_order(cluster: Cluster) -> None:
+    groups = launch_groups(
+        cluster,
+        {
+            "second": (BrokenOnRank.create_group(-1), PackedPlacementStrategy(2, 3)),
+            "first": (BrokenOnRank.create_group(-1), PackedPlacementStrategy(0, 1)),
+        },
+        timeout=300,
+    )
+    try:
+        assert list(groups) == ["second", "first"]
+        assert wait_all([g.who() for g in groups.values()], timeout=60) == [
+            ["second[0]", "second[1]"],
+            ["first[0]", "first[1]"],
+        ]
+    finally:
+        for group in groups.values():
+            group.shutdown()
+
+
+def _name_freed(name: str, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=RAY_NAMESPACE)
+        except ValueError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_launch_groups_leaves_nothing_running_when_one_fails(cluster: Cluster) -> None:
+    healthy = BrokenOnRank.create_group(-1)
+    broken = BrokenOnRank.create_group(1)
+    with pytest.raises(WorkerError, match=r"broken\[rank 1\]") as info:
+        launch_groups(
+            cluster,
+            {
+                "healthy": (healthy, PackedPlacementStrategy(0, 1)),
+                "broken": (broken, PackedPlacementStrategy(2, 3)),
+            },
+            timeout=300,
+        )
+    # A constructor that raised is reported with its own error, not as a death.
+    assert "rank 1 cannot start" in str(info.value)
+    assert not isinstance(info.value, WorkerDiedError)
+    for group in (healthy, broken):  # both shut down: no actor left, calls refused
+        with pytest.raises(RuntimeError, match="launch the group"):
+            group.who()
+    for name in ("healthy:0", "healthy:1", "broken:0", "broken:1"):
+        assert _name_freed(name), f"actor {name} still alive after the failed launch"

@@ -240,6 +240,18 @@ class EmbodiedRunner:
                     self.checkpoint_root,
                 )
             return
+        self.load_checkpoint(path)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restores the actor, the envs, the env-step count and the step from ``path``.
+
+        Args:
+            path: A ``global_step_N`` directory written by :meth:`save_checkpoint`.
+
+        Returns:
+            The restored global step.
+        """
+        path = Path(path)
         steps = self._wait(
             [self.actor.load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
         )
@@ -247,6 +259,7 @@ class EmbodiedRunner:
         runner_state = json.loads((path / "runner.json").read_text())
         self.total_env_steps = int(runner_state.get("total_env_steps", 0))
         _log.info("resumed from %s at step %d", path, self.global_step)
+        return self.global_step
 
     # ------------------------------------------------------------------ one step
 

@@ -28,8 +28,8 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ from rlinf.core.protocols.workers import (
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
-from rlinf.sched import Cluster, Worker, WorkerGroup, wait_all
+from rlinf.sched import Cluster, Worker, WorkerGroup, launch_groups, wait_all
 from rlinf.sched.placement import ModelParallelComponentPlacement
 from rlinf.sched.recovery import run_with_restarts
 
@@ -106,31 +106,28 @@ def launch_reasoning_groups(
         reward=placement.reward_world_size,
     )
     collocated = placement.is_collocated
-    unlaunched = {
-        "rollout": RolloutWorker.create_group(cfg, collocated),
-        "reward": (reward_cls or RewardWorker).create_group(cfg),
-        "actor": FSDPActor.create_group(cfg, collocated),
-    }
-    names = {"rollout": "RolloutGroup", "reward": "RewardGroup", "actor": "ActorGroup"}
-    # Start the three groups at once: worker start-up (imports) dominates on small runs.
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {
-            key: pool.submit(
-                group.launch,
-                cluster,
-                placement.get_strategy(key),
-                name=f"{name_prefix}{names[key]}",
-                timeout=timeout,
-            )
-            for key, group in unlaunched.items()
-        }
-        errors = [f.exception() for f in futures.values() if f.exception() is not None]
-    if errors:
-        for key, future in futures.items():
-            if future.exception() is None:
-                unlaunched[key].shutdown()
-        raise errors[0]  # type: ignore[misc]
-    return placement, unlaunched["actor"], unlaunched["rollout"], unlaunched["reward"]
+    # The three groups start at once (worker start-up dominates small runs); if one
+    # fails, none is left running.
+    groups = launch_groups(
+        cluster,
+        {
+            f"{name_prefix}RolloutGroup": (
+                RolloutWorker.create_group(cfg, collocated),
+                placement.get_strategy("rollout"),
+            ),
+            f"{name_prefix}RewardGroup": (
+                (reward_cls or RewardWorker).create_group(cfg),
+                placement.get_strategy("reward"),
+            ),
+            f"{name_prefix}ActorGroup": (
+                FSDPActor.create_group(cfg, collocated),
+                placement.get_strategy("actor"),
+            ),
+        },
+        timeout=timeout,
+    )
+    rollout, reward, actor = groups.values()
+    return placement, actor, rollout, reward
 
 
 class ReasoningRunner:
@@ -609,19 +606,38 @@ class ReasoningRunner:
         return self.global_step
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self, groups: bool = True) -> None:
-        """Closes the metric logger and the channels; shuts the groups down (default).
+    def close(self) -> None:
+        """Closes the metric logger and removes the channels (idempotent).
 
-        Args:
-            groups: Also shut the worker groups down.
+        The worker groups belong to the caller: shut them down afterwards (or
+        call :meth:`shutdown`, which does both).
         """
         if self._logger is not None:
             self._logger.close()
             self._logger = None
         self._drop_channels()
+
+    def shutdown(self, groups: bool = True) -> None:
+        """:meth:`close`, then shuts the worker groups down (default).
+
+        Args:
+            groups: Also shut the worker groups down.
+        """
+        self.close()
         if groups:
             for group in (self.actor, self.rollout, self.reward):
                 group.shutdown()
+
+    def __enter__(self) -> ReasoningRunner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def _check_model_dir(path: Path, key: str) -> None:

@@ -4,7 +4,8 @@ Available now: :class:`Cluster` (start or attach to Ray, node ranks,
 accelerators), the placement layer (:mod:`rlinf.sched.placement`, pure
 logic over :class:`ClusterInfo`), and :class:`Worker` / :class:`WorkerGroup`
 (one actor per placement, group calls returning futures, errors naming the
-rank), :func:`wait_all` (one fail-fast wait for several calls),
+rank), :func:`launch_groups` (several groups at once, all or none),
+:func:`wait_all` (one fail-fast wait for several calls),
 point-to-point ``send``/``recv``/``broadcast`` between workers of any groups
 (:mod:`rlinf.sched.comm`), channels found by name across nodes, device locks
 and offload/onload hooks for collocated phases.
@@ -15,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from rlinf.sched.cluster import NODE_RANK_ENV, Cluster, ClusterError
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
 from rlinf.sched.comm import CommError, CommTimeoutError, CommWork, PeerDiedError
+from rlinf.sched.launch import launch_groups
 from rlinf.sched.placement import (
     ComponentPlacement,
     FlexiblePlacementStrategy,
@@ -52,5 +54,6 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "__version__",
+    "launch_groups",
     "wait_all",
 ]

@@ -3,7 +3,7 @@
 Both runners use :func:`run_with_restarts` for ``runner.max_restarts``. One
 attempt runs the training loop; when it fails and a rank of one of the groups
 is dead (killed, crashed, out of memory), every group is shut down and launched
-again on the same placement (:meth:`WorkerGroup.relaunch`), and the runner
+again on the same placement (:func:`rlinf.sched.launch.relaunch_groups`), and the runner
 rebuilds its workers and resumes from its newest intact checkpoint. Failures
 with every rank alive (a bug, a bad config, a timeout) are raised at once:
 running them again would fail again.
@@ -17,13 +17,13 @@ the worker start-up (seconds) and the steps since the last checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from rlinf.core.logging import get_logger
+from rlinf.sched.launch import relaunch_groups
 from rlinf.sched.worker import WorkerDiedError, WorkerGroup
 
-__all__ = ["find_dead_rank", "relaunch_groups", "run_with_restarts"]
+__all__ = ["find_dead_rank", "run_with_restarts"]
 
 _T = TypeVar("_T")
 _log = get_logger("rlinf.sched.recovery")
@@ -41,25 +41,6 @@ def find_dead_rank(groups: Sequence[WorkerGroup], timeout: float = 10.0) -> str 
         if dead:
             return f"{group.name}[rank {dead[0]}]"
     return None
-
-
-def relaunch_groups(groups: Sequence[WorkerGroup]) -> None:
-    """Shuts every group down, then launches them again on their placements, concurrently.
-
-    Raises:
-        Exception: The first group that failed to start again (the others are
-            shut down).
-    """
-    for group in groups:
-        group.shutdown()
-    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
-        futures = [pool.submit(group.relaunch) for group in groups]
-        errors = [f.exception() for f in futures]
-    failed = [e for e in errors if e is not None]
-    if failed:
-        for group in groups:
-            group.shutdown()
-        raise failed[0]
 
 
 def run_with_restarts(

@@ -1,7 +1,8 @@
 """Typed edges between worker roles: message dataclasses and worker protocols.
 
 Both stacks meet here: runners are written against these protocols, and the
-dataclasses are what crosses channels (see each module for shapes).
+dataclasses are what crosses channels (see each module for shapes). Both
+runners offer the :class:`Runner` lifecycle.
 """
 
 from rlinf.core.protocols.embodied import (
@@ -11,6 +12,7 @@ from rlinf.core.protocols.embodied import (
     RolloutBatch,
     Trajectory,
 )
+from rlinf.core.protocols.runner import Runner
 from rlinf.core.protocols.workers import (
     CheckpointableWorker,
     EmbodiedActorWorker,
@@ -36,6 +38,7 @@ __all__ = [
     "ReasoningRewardWorker",
     "ReasoningRolloutWorker",
     "RolloutBatch",
+    "Runner",
     "Trajectory",
     "check_implements",
 ]

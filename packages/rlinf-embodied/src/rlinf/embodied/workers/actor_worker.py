@@ -22,9 +22,8 @@ global step as version (:meth:`sync_model_to_rollout`).
 
 from __future__ import annotations
 
-import math
+import contextlib
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +51,15 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import rng_state, set_rng_state
+from rlinf.core.dist import clip_and_step, init_process_group, select_device
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
+from rlinf.core.seeding import derive_seed
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
     actor_pieces,
     concat_trajectories,
-    derive_seed,
-    select_device,
     setup_process,
 )
 from rlinf.sched import Worker
@@ -124,13 +123,7 @@ class EmbodiedFSDPActor(Worker):
         self._offload = offload
         self._offloaded = False
         self._max_episode_steps = spec.max_episode_steps
-        if not dist.is_initialized():
-            backend = cfg.actor.dist_backend
-            if backend == "auto":
-                backend = "nccl" if self.device.type == "cuda" else "gloo"
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group(backend, timeout=timedelta(seconds=cfg.runner.step_timeout_s))
+        init_process_group(cfg.actor.dist_backend, self.device, cfg.runner.step_timeout_s)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(cfg.actor.seed)
         policy = build_policy(cfg.actor.model, spec).to(self.device)
@@ -220,8 +213,16 @@ class EmbodiedFSDPActor(Worker):
         Returns:
             The weight version sent (the global step).
         """
+        # Collocated (offloading), the gather uses the shared devices: hold their lock
+        # (the parameters stay on the device, so there is nothing to onload).
+        lock = (
+            self.device_lock.hold(self.cfg.runner.step_timeout_s, f"{self.group_name}[{self.rank}]")
+            if self._offload
+            else contextlib.nullcontext()
+        )
         with self.worker_timer("sync_weights"):
-            state = self.get_full_state_dict()
+            with lock:
+                state = self.get_full_state_dict()
             if self.rank == 0:
                 groups: list[tuple[str, int | list[int]]] = [
                     (self.group_name, 0),
@@ -364,19 +365,12 @@ class EmbodiedFSDPActor(Worker):
         batch = self._require_batch()
         if batch.advantages is None or batch.loss_mask is None:
             raise RuntimeError("call compute_advantages_and_returns() before run_training()")
-        cfg = self.cfg
-        if self._offload:
-            self.acquire_device_lock(timeout=cfg.runner.step_timeout_s)
-        try:
-            if self._offload:
-                self.onload()
-            with self.worker_timer("run_training"):
-                metrics = self._train(model, optimizer, batch)
+        phase = self.device_phase(
+            lock=self._offload, offload=self._offload, timeout=self.cfg.runner.step_timeout_s
+        )
+        with phase, self.worker_timer("run_training"):
+            metrics = self._train(model, optimizer, batch)
             scheduler.step()
-        finally:
-            if self._offload:
-                self.offload()
-                self.release_device_lock()
         self.global_step += 1
         self.batch = None
         return metrics
@@ -479,23 +473,16 @@ class EmbodiedFSDPActor(Worker):
                         {"actor/entropy_loss": entropy.detach(), "actor/total_loss": loss.detach()}
                     )
                     torch.autograd.backward(loss / accum)
-                norms = {
-                    f"{group.get('name', 'actor')}/grad_norm": _clip_grad_norm(
-                        group["params"], cfg.actor.optim.clip_grad
-                    )
-                    for group in optimizer.param_groups
-                }
+                norms, stepped = clip_and_step(optimizer, cfg.actor.optim.clip_grad)
                 record(norms)
-                if all(math.isfinite(v) for v in norms.values()):
-                    optimizer.step()
-                else:
-                    skipped += 1
+                skipped += not stepped
         optimizer.zero_grad(set_to_none=True)
         metrics = {f"train/{k}": v for k, v in means.means().items()}
         keys = sorted(metrics)
         reduced = self._all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
         metrics = {k: float(v) / self.world_size for k, v in zip(keys, reduced, strict=True)}
-        metrics["train/actor/skipped_steps"] = float(self._all_reduce(torch.tensor(float(skipped))))
+        # Every rank saw the same (global) norms, so its count is the run's.
+        metrics["train/actor/skipped_steps"] = float(skipped)
         for group in optimizer.param_groups:
             metrics[f"train/{group.get('name', 'actor')}/lr"] = float(group["lr"])
         if critic and returns is not None:
@@ -521,11 +508,9 @@ class EmbodiedFSDPActor(Worker):
         folder.mkdir(parents=True, exist_ok=True)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with self.worker_timer("save_checkpoint"):
-            self.onload()
-            model_state = get_model_state_dict(model, options=options)
-            optim_state = get_optimizer_state_dict(model, optimizer, options=options)
-            if self._offload:
-                self.offload()
+            with self.device_phase(lock=False, offload=self._offload):
+                model_state = get_model_state_dict(model, options=options)
+                optim_state = get_optimizer_state_dict(model, optimizer, options=options)
             if self.rank == 0:
                 torch.save(
                     {
@@ -553,15 +538,13 @@ class EmbodiedFSDPActor(Worker):
         folder = Path(path) / "actor"
         state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
         options = StateDictOptions(full_state_dict=True)
-        self.onload()
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        with self.device_phase(lock=False, offload=self._offload):
+            set_model_state_dict(model, state["model"], options=options)
+            set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
         scheduler.load_state_dict(state["scheduler"])
         rng_file = folder / f"rng_rank{self.rank}.pt"
         if rng_file.exists():
             set_rng_state(torch.load(rng_file, weights_only=False))
-        if self._offload:
-            self.offload()
         self.global_step = int(state["global_step"])
         return self.global_step
 
@@ -571,13 +554,3 @@ def _per_chunk_logprobs(values: torch.Tensor, chunks: int, chunk_level: bool) ->
     n = values.shape[0]
     per_chunk = values.reshape(n, chunks, -1).sum(dim=-1)
     return per_chunk.sum(dim=-1, keepdim=True) if chunk_level else per_chunk
-
-
-def _clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Clips the gradient norm of ``params`` (one optimizer group); returns the norm before."""
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-    full = getattr(norm, "full_tensor", None)
-    return float(full() if callable(full) else norm)

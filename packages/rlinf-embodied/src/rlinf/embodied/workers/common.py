@@ -14,7 +14,6 @@ Routing (all deterministic):
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -30,9 +29,7 @@ __all__ = [
     "actor_pieces",
     "chunk_steps",
     "concat_trajectories",
-    "derive_seed",
     "merge_env_outputs",
-    "select_device",
     "serving_env_ranks",
     "setup_process",
     "split_policy_output",
@@ -50,11 +47,6 @@ def setup_process(cfg: EmbodiedConfig) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import_plugins(cfg.runner.plugin_modules)
-
-
-def select_device() -> torch.device:
-    """``cuda`` (the first visible GPU) when CUDA is available, else ``cpu``."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def stream_key(env_rank: int, stage: int) -> str:
@@ -87,12 +79,6 @@ def chunk_steps(split: EnvSplitConfig, spec: EnvSpec, num_action_chunks: int) ->
             "env.<split>.max_steps_per_rollout_epoch to a multiple of it"
         )
     return steps // num_action_chunks
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed from a tuple of ints and strings (stable across processes)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def _cat_obs(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from rlinf.core.channel import Channel
+from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput
+from rlinf.core.seeding import derive_seed
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
-    derive_seed,
     merge_env_outputs,
-    select_device,
     serving_env_ranks,
     setup_process,
     split_policy_output,
@@ -153,11 +153,10 @@ class MultiStepRolloutWorker(Worker):
         policy = self._require_policy()
         timeout = self.cfg.runner.channel_timeout_s
         stages = self.cfg.rollout.pipeline_stage_num
-        if self._offload:
-            self.acquire_device_lock(timeout=self.cfg.runner.step_timeout_s)
-        try:
-            if self._offload:
-                self.onload()
+        phase = self.device_phase(
+            lock=self._offload, offload=self._offload, timeout=self.cfg.runner.step_timeout_s
+        )
+        with phase:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(derive_seed(self.cfg.runner.seed, step, self.rank, mode))
             active = {s: list(self._env_ranks) for s in range(stages)}
@@ -183,10 +182,6 @@ class MultiStepRolloutWorker(Worker):
                         calls += 1
                         for (e, _), out in zip(live, outputs, strict=True):
                             action_channel.put(out, key=stream_key(e, s), timeout=timeout)
-        finally:
-            if self._offload:
-                self.offload()
-                self.release_device_lock()
         return {"calls": calls, "infer_time": infer_time}
 
     def _act(

@@ -53,8 +53,10 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import rng_state, set_rng_state
+from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.reasoning import RolloutResult
+from rlinf.core.seeding import derive_seed
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.models import (
     compute_token_logprobs,
@@ -63,25 +65,12 @@ from rlinf.reasoning.models import (
     resolve_dtype,
 )
 from rlinf.reasoning.workers.batch import Sample, pack_samples, pad_rows
-from rlinf.reasoning.workers.common import WeightBucket, setup_torch_threads, worker_device
+from rlinf.reasoning.workers.common import WeightBucket, setup_torch_threads
 from rlinf.sched import Worker
 
 __all__ = ["FSDPActor"]
 
 _MIB = 1 << 20
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The full tensor of a (possibly sharded) DTensor parameter."""
-    full = getattr(t, "full_tensor", None)
-    return full() if callable(full) else t
-
-
-def _as_float(value: Any) -> float:
-    full = getattr(value, "full_tensor", None)
-    if callable(full):
-        value = full()
-    return float(value)
 
 
 class FSDPActor(Worker):
@@ -120,16 +109,12 @@ class FSDPActor(Worker):
             ValueError: If prompt + response do not fit the model's positions.
         """
         cfg = self.cfg
-        self.device = worker_device()
-        backend = cfg.actor.dist_backend
-        if backend == "auto":
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if not dist.is_initialized():
-            dist.init_process_group(backend=backend)
+        self.device = select_device()
+        backend = init_process_group(cfg.actor.dist_backend, self.device, cfg.runner.step_timeout_s)
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        torch.manual_seed(cfg.runner.seed + self.rank)
+        torch.manual_seed(derive_seed(cfg.runner.seed, "actor", self.rank) % 2**31)
         self.dtype = resolve_dtype(cfg.actor.dtype)
         self.temperature = cfg.algorithm.sampling_params.temperature
         model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
@@ -241,12 +226,12 @@ class FSDPActor(Worker):
             ``{"version", "num_buckets", "num_tensors", "bytes", "seconds"}``.
         """
         start = time.perf_counter()
-        locked = False
-        if self.collocated:
-            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
-            locked = True
-        try:
-            self.onload()
+        phase = self.device_phase(
+            lock=self.collocated,
+            offload=self._offload_enabled,
+            timeout=self.cfg.runner.step_timeout_s,
+        )
+        with phase:
             named = self._named_weights()
             cap = self.cfg.actor.sync_bucket_mb * _MIB
             plan: list[list[tuple[str, torch.Tensor]]] = [[]]
@@ -266,7 +251,7 @@ class FSDPActor(Worker):
             with torch.no_grad():
                 for index, entries in enumerate(plan):
                     # Every rank joins the all-gathers; only rank 0 copies and sends.
-                    full = [(n, _local(t).detach()) for n, t in entries]
+                    full = [(n, full_tensor(t).detach()) for n, t in entries]
                     total += sum(t.numel() * t.element_size() for _, t in full)
                     if self.rank == 0:
                         tensors = [(n, t.to("cpu", copy=True)) for n, t in full]
@@ -279,11 +264,6 @@ class FSDPActor(Worker):
                         )
             self.version = version
             self.num_syncs += 1
-            if self._offload_enabled:
-                self.offload()
-        finally:
-            if locked:
-                self.release_device_lock()
         return {
             "version": version,
             "num_buckets": len(plan),
@@ -297,7 +277,7 @@ class FSDPActor(Worker):
         was_offloaded = self._offloaded
         self.onload()
         with torch.no_grad():
-            out = [(n, _local(t).detach().cpu().clone()) for n, t in self._named_weights()]
+            out = [(n, full_tensor(t).detach().cpu().clone()) for n, t in self._named_weights()]
         if was_offloaded:
             self.offload()
         return out
@@ -445,7 +425,6 @@ class FSDPActor(Worker):
         results: list[RolloutResult] = []
         busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0}
         train_start = float("nan")  # time.time() when the first micro-batch started
-        entered = False
         lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
 
         def pull(groups: int) -> None:
@@ -483,12 +462,18 @@ class FSDPActor(Worker):
             busy["recompute"] += time.perf_counter() - t0
 
         train_means = MetricMeans()  # means over minibatches, read once at the end of the step
+        skipped = 0  # optimizer steps skipped for a non-finite gradient norm
+        phase = contextlib.ExitStack()
         try:
             if self.collocated:
                 # The rollout holds the devices until it has generated everything.
                 pull(share)
-            self._enter_phase()
-            entered = True
+            # Lock and onload; the weights stay on the device for the next weight sync.
+            phase.enter_context(
+                self.device_phase(
+                    lock=self.collocated, offload=False, timeout=cfg.runner.step_timeout_s
+                )
+            )
             if not stream or shuffle:
                 pull(share)
             if not stream:
@@ -502,7 +487,7 @@ class FSDPActor(Worker):
             for epoch in range(alg.update_epochs):
                 if shuffle:  # a fresh seeded order each epoch
                     gen = torch.Generator().manual_seed(
-                        cfg.runner.seed * 100_003 + step * 101 + self.rank + epoch * 7_919
+                        derive_seed(cfg.runner.seed, "shuffle", step, self.rank, epoch)
                     )
                     perm = torch.randperm(len(samples), generator=gen).tolist()
                     order = [samples[i] for i in perm]
@@ -541,31 +526,23 @@ class FSDPActor(Worker):
                         pull(share)
                         logprobs_upto(len(samples))
                     t0 = time.perf_counter()
-                    train_means.add(self._optimizer_step())
+                    step_metrics, stepped = self._optimizer_step()
+                    train_means.add(step_metrics)
+                    skipped += not stepped
                     busy["train"] += time.perf_counter() - t0
         finally:
-            if entered and self.collocated:
-                self.release_device_lock()
+            phase.close()
         self._stage_times.append(
             {"step": float(step), "train_start": train_start, "train_end": time.time()}
         )
         return {
-            "train": train_means.means(),
+            # skipped_steps: a count (every rank saw the same global norm), not a mean
+            "train": {**train_means.means(), "actor/skipped_steps": float(skipped)},
             "rollout": self._rollout_stats(samples, results),
             "time": busy,
             "versions": sorted({r.version for r in results}),
             "indices": [r.index for r in results],
         }
-
-    def _enter_phase(self) -> None:
-        if self.collocated:
-            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
-        try:
-            self.onload()
-        except BaseException:
-            if self.collocated:
-                self.release_device_lock()
-            raise
 
     def _micro_step(
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
@@ -620,18 +597,14 @@ class FSDPActor(Worker):
             out["actor/logprob_diff_max"] = torch.where(mask.bool(), diff, 0.0).max()
         return out
 
-    def _optimizer_step(self) -> dict[str, float]:
-        clip = self.cfg.actor.optim.clip_grad
-        # One fused norm (one collective under FSDP2); an infinite bound only measures.
-        max_norm = clip if clip is not None else float("inf")
-        norm = _as_float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+    def _optimizer_step(self) -> tuple[dict[str, float], bool]:
         lr = float(self.optimizer.param_groups[0]["lr"])
-        if math.isfinite(norm):
-            self.optimizer.step()
+        # One fused norm (one collective under FSDP2); a non-finite one skips the step.
+        norms, stepped = clip_and_step(self.optimizer, self.cfg.actor.optim.clip_grad)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        self.scheduler.step()  # the schedule counts planned steps, skipped ones too
         self._optim_steps += 1
-        return {"actor/grad_norm": norm, "actor/lr": lr}
+        return {**norms, "actor/lr": lr}, stepped
 
     @staticmethod
     def _rollout_stats(samples: list[Sample], results: list[RolloutResult]) -> dict[str, float]:
@@ -676,36 +649,34 @@ class FSDPActor(Worker):
 
         root = Path(path) / "actor"
         root.mkdir(parents=True, exist_ok=True)
-        self.onload()
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        dcp_save({"model": msd, "optim": osd}, checkpoint_id=str(root / "dcp"))
-        extra = {
-            "step": step,
-            "version": self.version,
-            "optim_steps": self._optim_steps,
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-        torch.save(extra, root / f"extra_rank{self.rank}.pt")
-        full = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        if self.rank == 0:
-            from safetensors.torch import save_file
+        with self.device_phase(lock=False, offload=self._offload_enabled):
+            msd, osd = get_state_dict(self.model, self.optimizer)
+            dcp_save({"model": msd, "optim": osd}, checkpoint_id=str(root / "dcp"))
+            extra = {
+                "step": step,
+                "version": self.version,
+                "optim_steps": self._optim_steps,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(),
+            }
+            torch.save(extra, root / f"extra_rank{self.rank}.pt")
+            full = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            if self.rank == 0:
+                from safetensors.torch import save_file
 
-            hf = root / "huggingface"
-            hf.mkdir(exist_ok=True)
-            config: Any = getattr(self.model, "config", None)
-            if config is not None:
-                config.save_pretrained(hf)
-            gen: Any = getattr(self.model, "generation_config", None)
-            if gen is not None:
-                gen.save_pretrained(hf)
-            tensors = {k: v.contiguous().clone() for k, v in _tensors(full).items()}
-            save_file(tensors, hf / "model.safetensors")
-        dist.barrier()
-        if self._offload_enabled:
-            self.offload()
+                hf = root / "huggingface"
+                hf.mkdir(exist_ok=True)
+                config: Any = getattr(self.model, "config", None)
+                if config is not None:
+                    config.save_pretrained(hf)
+                gen: Any = getattr(self.model, "generation_config", None)
+                if gen is not None:
+                    gen.save_pretrained(hf)
+                tensors = {k: v.contiguous().clone() for k, v in _tensors(full).items()}
+                save_file(tensors, hf / "model.safetensors")
+            dist.barrier()
 
     def load_checkpoint(self, path: str) -> int:
         """Restores model, optimizer, scheduler and RNG from ``path/actor``.
@@ -725,16 +696,16 @@ class FSDPActor(Worker):
         root = Path(path) / "actor"
         if not (root / "dcp").is_dir():
             raise FileNotFoundError(f"no actor state in {str(root)!r} (expected {root / 'dcp'})")
-        self.onload()
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        state: dict[str, Any] = {"model": msd, "optim": osd}
-        dcp_load(state, checkpoint_id=str(root / "dcp"))
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
+        with self.device_phase(lock=False, offload=self._offload_enabled):
+            msd, osd = get_state_dict(self.model, self.optimizer)
+            state: dict[str, Any] = {"model": msd, "optim": osd}
+            dcp_load(state, checkpoint_id=str(root / "dcp"))
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+            )
         extra_path = root / f"extra_rank{self.rank}.pt"
         if not extra_path.is_file():
             extra_path = root / "extra_rank0.pt"
@@ -743,8 +714,6 @@ class FSDPActor(Worker):
         self.version = int(extra["version"])
         self._optim_steps = int(extra["optim_steps"])
         set_rng_state(extra["rng"])
-        if self._offload_enabled:
-            self.offload()
         return int(extra["step"])
 
     def stage_times(self) -> list[dict[str, float]]:

@@ -14,7 +14,6 @@ __all__ = [
     "WeightBucket",
     "load_tokenizer",
     "setup_torch_threads",
-    "worker_device",
 ]
 
 
@@ -50,17 +49,6 @@ def setup_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def worker_device() -> torch.device:
-    """The device of this worker: its CUDA device when it was given one, else the CPU.
-
-    Returns:
-        ``cuda:<current>`` when CUDA is visible to the process, else ``cpu``.
-    """
-    if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") != "":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -17,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from contextlib import AbstractContextManager
 from typing import Any
 
 from rlinf.core.channel import Channel
+from rlinf.core.dist import select_device
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
+from rlinf.core.seeding import derive_seed
 from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
 from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
 from rlinf.reasoning.workers.common import (
     WeightBucket,
     load_tokenizer,
     setup_torch_threads,
-    worker_device,
 )
 from rlinf.sched import Worker
 
@@ -35,7 +37,8 @@ __all__ = ["RolloutWorker"]
 
 
 def _seed(base: int, step: int, rank: int, chunk: int) -> int:
-    return (base * 1_000_003 + step * 10_007 + rank * 101 + chunk) % (2**31 - 1)
+    """The sampling seed of one chunk of a rank's generation at a step (31 bits)."""
+    return derive_seed(base, "rollout", step, rank, chunk) % (2**31 - 1)
 
 
 class RolloutWorker(Worker):
@@ -67,7 +70,7 @@ class RolloutWorker(Worker):
             FileNotFoundError: If the model directory does not exist.
         """
         cfg = self.cfg
-        device = worker_device()
+        device = select_device()
         tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
         eos = tokenizer.eos_token_id
         self.stop_ids: tuple[int, ...] = (int(eos),) if isinstance(eos, int) else ()
@@ -90,7 +93,7 @@ class RolloutWorker(Worker):
     def _offload_enabled(self) -> bool:
         flag = self.cfg.rollout.enable_offload
         if flag is None:
-            return self.collocated and worker_device().type != "cpu"
+            return self.collocated and select_device().type != "cpu"
         return flag
 
     def _engine(self) -> RolloutEngine:
@@ -225,24 +228,22 @@ class RolloutWorker(Worker):
             )
         return results
 
-    def _enter_phase(self) -> bool:
-        if self.collocated:
-            self.acquire_device_lock(self.cfg.runner.step_timeout_s)
-        try:
-            self._engine().onload()
-        except BaseException:
-            if self.collocated:
-                self.release_device_lock()
-            raise
-        return self.collocated
+    def offload(self) -> None:
+        """Frees the engine's device memory (a no-op before :meth:`init_worker`)."""
+        if self.engine is not None:
+            self.engine.offload()
 
-    def _leave_phase(self, locked: bool) -> None:
-        try:
-            if self._offload_enabled:
-                self._engine().offload()
-        finally:
-            if locked:
-                self.release_device_lock()
+    def onload(self) -> None:
+        """Restores the engine's weights to its device."""
+        self._engine().onload()
+
+    def _phase(self) -> AbstractContextManager[None]:
+        """Lock (collocated), onload, the block, offload (when enabled), release."""
+        return self.device_phase(
+            lock=self.collocated,
+            offload=self._offload_enabled,
+            timeout=self.cfg.runner.step_timeout_s,
+        )
 
     def generate(self, requests: Channel, results: Channel, step: int) -> dict[str, Any]:
         """Answers this rank's share of step ``step``'s requests, streaming groups out.
@@ -263,8 +264,7 @@ class RolloutWorker(Worker):
         busy = 0.0
         chunk_index = 0
         first_start = last_end = float("nan")
-        locked = self._enter_phase()
-        try:
+        with self._phase():
             while done < share:
                 batch: list[RolloutRequest] = [requests.get(timeout=timeout)]
                 while len(batch) < min(chunk_size, share - done):
@@ -284,8 +284,6 @@ class RolloutWorker(Worker):
                     tokens += result.num_tokens
                 done += len(batch)
                 chunk_index += 1
-        finally:
-            self._leave_phase(locked)
         self._stage_times.append(
             {"step": float(step), "generate_start": first_start, "generate_end": last_end}
         )
@@ -305,16 +303,13 @@ class RolloutWorker(Worker):
         """
         if not requests:
             return []
-        locked = self._enter_phase()
-        try:
+        with self._phase():
             out: list[RolloutResult] = []
             size = max(self.cfg.rollout.groups_per_chunk, 64)
             for i in range(0, len(requests), size):
                 seed = _seed(self.cfg.runner.seed, -1, self.rank, i)
                 out += self._generate(requests[i : i + size], sampling, seed)
             return out
-        finally:
-            self._leave_phase(locked)
 
     def generate_requests(self, requests: list[RolloutRequest], step: int) -> list[RolloutResult]:
         """Generates training-style samples for ``requests`` directly (tests and tools).
@@ -326,9 +321,6 @@ class RolloutWorker(Worker):
         Returns:
             One result per request.
         """
-        locked = self._enter_phase()
-        try:
+        with self._phase():
             seed = _seed(self.cfg.runner.seed, step, self.rank, 0)
             return self._generate(requests, self.cfg.algorithm.sampling_params, seed)
-        finally:
-            self._leave_phase(locked)

@@ -119,8 +119,9 @@ class GroupFuture:
 
     def _error(self, index: int, err: Exception) -> WorkerError:
         rank = self._ranks[index]
-        if isinstance(err, ray.exceptions.RayActorError):
+        if isinstance(err, ray.exceptions.RayActorError) and not err.actor_init_failed:
             return WorkerDiedError(self._group, rank, str(err).splitlines()[0])
+        # A constructor that raised is an error of the rank, with its traceback.
         return WorkerError(self._group, rank, str(err))
 
     def __await__(self) -> Generator[Any, None, list[Any]]:

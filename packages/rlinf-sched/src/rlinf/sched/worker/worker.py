@@ -261,6 +261,41 @@ class Worker:
         """Releases the device lock (idempotent)."""
         self._device_lock.release()
 
+    @contextmanager
+    def device_phase(self, *, lock: bool, offload: bool, timeout: float = 600.0) -> Iterator[None]:
+        """One phase on the devices: lock, :meth:`onload`, the block, :meth:`offload`, release.
+
+        Example::
+
+            with self.device_phase(lock=self.collocated, offload=self.collocated):
+                metrics = self._train(batch)
+
+        The offload and the release also run when the block raises, so a failed
+        phase leaves neither memory on the device nor the lock taken.
+
+        Args:
+            lock: Take this worker's device lock for the phase (groups that share
+                devices take turns); False only onloads and offloads.
+            offload: Offload when the phase ends; False keeps the state on the
+                device (the next phase on these devices is this worker's again).
+            timeout: Seconds to wait for the lock.
+
+        Raises:
+            DeviceLockTimeout: The lock was not free within ``timeout`` s.
+        """
+        if lock:
+            self.acquire_device_lock(timeout)
+        try:
+            self.onload()
+            yield
+        finally:
+            try:
+                if offload:
+                    self.offload()
+            finally:
+                if lock:
+                    self.release_device_lock()
+
     def offload(self) -> None:
         """Frees device memory (weights, optimizer state) before another group's phase.
 
