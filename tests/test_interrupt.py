@@ -41,6 +41,10 @@ def _session_processes(sid: int) -> list[psutil.Process]:
     return out
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_after_checkpoint(cmd: list[str], checkpoint: Path, tmp_path: Path) -> str:
     """Runs ``cmd``, sends Ctrl-C once ``checkpoint`` is complete; returns stderr."""
     namespace = f"ctrlc{os.getpid()}"
@@ -62,6 +66,9 @@ def interrupt_after_checkpoint(cmd: list[str], checkpoint: Path, tmp_path: Path)
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
+            # As from a terminal: a shell without job control starts background jobs
+            # (a CI script's, say) with SIGINT ignored, and children inherit that.
+            preexec_fn=_default_sigint,
         )
         try:
             deadline = time.monotonic() + 600

@@ -59,14 +59,25 @@ class Node(Worker):
         self.create_channel(name).put(np.arange(5), key="k")
 
 
+LAUNCH_TIMEOUT_S = 600.0
+"""Worker start-up on a loaded 2-core machine can take minutes; only a hang should fail."""
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
     assert not ray.is_initialized()
     saved = os.environ.get("RLINF_NODE_RANK")
     # Raylets (and so the workers they start) inherit the environment at start.
     os.environ["RLINF_NODE_RANK"] = "0"
+    # Workers at the driver's priority, as rlinf's own local Ray starts them (Ray's
+    # default nice 15 starves them on a busy machine: launches then take minutes).
     ray_cluster = RayTestCluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "include_dashboard": False,
+            "_system_config": {"worker_niceness": 0},
+        },
     )
     os.environ["RLINF_NODE_RANK"] = "1"
     ray_cluster.add_node(num_cpus=2)
@@ -97,8 +108,12 @@ def test_groups_across_nodes_send_both_ways(two_nodes) -> None:
     cluster = two_nodes
     assert cluster.info.num_nodes == 2
     assert "far" in cluster.info.node_groups
-    near = Node.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="near")
-    far = Node.create_group().launch(cluster, PackedPlacementStrategy(2, 3), name="far")
+    near = Node.create_group().launch(
+        cluster, PackedPlacementStrategy(0, 1), name="near", timeout=LAUNCH_TIMEOUT_S
+    )
+    far = Node.create_group().launch(
+        cluster, PackedPlacementStrategy(2, 3), name="far", timeout=LAUNCH_TIMEOUT_S
+    )
     try:
         where_near, where_far = near.where().wait(timeout=60), far.where().wait(timeout=60)
         assert [w["CLUSTER_NODE_RANK"] for w in where_near] == ["0", "0"]
@@ -148,8 +163,12 @@ def test_process_groups_on_the_far_node_and_across_nodes(two_nodes) -> None:
     (not from the driver on node 0); the "span" group has ranks on both nodes.
     """
     cluster = two_nodes
-    far1 = Node.create_group().launch(cluster, PackedPlacementStrategy(2, 3), name="far1")
-    span = Node.create_group().launch(cluster, PackedPlacementStrategy(1, 2), name="span")
+    far1 = Node.create_group().launch(
+        cluster, PackedPlacementStrategy(2, 3), name="far1", timeout=LAUNCH_TIMEOUT_S
+    )
+    span = Node.create_group().launch(
+        cluster, PackedPlacementStrategy(1, 2), name="span", timeout=LAUNCH_TIMEOUT_S
+    )
     try:
         assert [w["CLUSTER_NODE_RANK"] for w in far1.where().wait(timeout=60)] == ["1", "1"]
         assert [w["CLUSTER_NODE_RANK"] for w in span.where().wait(timeout=60)] == ["0", "1"]
