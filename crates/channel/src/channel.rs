@@ -27,6 +27,8 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+pub use crate::encoding::{MessageLayout, Piece, message_pieces, message_size, parse_message};
+use crate::encoding::{key_from_words, key_hash, key_words, write_message};
 use crate::layout::{
     BlockMeta, Geometry, Header, KEY_MAX, LAYOUT_VERSION, Lane, MAGIC, NONE, NUM_CLASSES, Slot,
     WaitWord, block_state, class_for, class_size, owner, slot_state,
@@ -41,10 +43,6 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(100);
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Segments younger than this are never removed by the janitor (creation race).
 const JANITOR_GRACE: Duration = Duration::from_secs(5);
-/// Message block magic.
-const MSG_MAGIC: u32 = u32::from_le_bytes(*b"RLMS");
-/// Alignment of out-of-band buffers inside a block.
-const BUF_ALIGN: u64 = 64;
 /// Upper bounds accepted from a segment header (it is untrusted input).
 const MAX_LANES_LIMIT: u32 = 1 << 16;
 const MAX_CAPACITY_LIMIT: u32 = 1 << 24;
@@ -296,151 +294,6 @@ impl Default for ChannelOptions {
     }
 }
 
-/// Where a message lives inside its block: the header and each buffer as
-/// `(offset, len)` relative to the block start, all validated against the block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MessageLayout {
-    /// The serialised header (for Python: the pickle stream).
-    pub header: (usize, usize),
-    /// The out-of-band buffers, each 64-byte aligned.
-    pub buffers: Vec<(usize, usize)>,
-}
-
-/// Total block bytes a message with this header and these buffers needs.
-pub fn message_size(header_len: usize, buffer_lens: &[usize]) -> u64 {
-    let table = 16 + 16 * buffer_lens.len() as u64;
-    let mut off = table.div_ceil(BUF_ALIGN) * BUF_ALIGN + header_len as u64;
-    for &len in buffer_lens {
-        off = off.div_ceil(BUF_ALIGN) * BUF_ALIGN + len as u64;
-    }
-    off.max(1)
-}
-
-/// One piece of a message block image: bytes to copy, or zero padding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece<'a> {
-    /// Bytes copied as they are.
-    Bytes(&'a [u8]),
-    /// This many zero bytes (alignment padding).
-    Zeros(usize),
-}
-
-/// The block image of a message, in order: a 16-byte prefix and the buffer
-/// table (in `table`, which the caller provides so no allocation escapes),
-/// the header, then each buffer at a 64-byte aligned offset.
-/// The pieces add up to exactly [`message_size`] bytes.
-pub fn message_pieces<'a>(
-    header: &'a [u8],
-    buffers: &[&'a [u8]],
-    table: &'a mut Vec<u8>,
-) -> Vec<Piece<'a>> {
-    table.clear();
-    table.extend_from_slice(&MSG_MAGIC.to_le_bytes());
-    table.extend_from_slice(&(buffers.len() as u32).to_le_bytes());
-    table.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    let align = |x: usize| x.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
-    let table_len = 16 + 16 * buffers.len();
-    let mut off = align(table_len) + header.len();
-    for buf in buffers {
-        off = align(off);
-        table.extend_from_slice(&(off as u64).to_le_bytes());
-        table.extend_from_slice(&(buf.len() as u64).to_le_bytes());
-        off += buf.len();
-    }
-    let mut pieces = vec![
-        Piece::Bytes(table.as_slice()),
-        Piece::Zeros(align(table_len) - table_len),
-    ];
-    pieces.push(Piece::Bytes(header));
-    let mut off = align(table_len) + header.len();
-    for buf in buffers {
-        let pad = align(off) - off;
-        if pad > 0 {
-            pieces.push(Piece::Zeros(pad));
-        }
-        pieces.push(Piece::Bytes(buf));
-        off = align(off) + buf.len();
-    }
-    if off == 0 {
-        pieces.push(Piece::Zeros(1));
-    }
-    pieces
-}
-
-/// Writes a message into `dst` (which must be `message_size` bytes long).
-fn write_message(dst: &mut [u8], header: &[u8], buffers: &[&[u8]]) {
-    let mut table = Vec::new();
-    let mut at = 0;
-    for piece in message_pieces(header, buffers, &mut table) {
-        match piece {
-            Piece::Bytes(b) => {
-                dst[at..at + b.len()].copy_from_slice(b);
-                at += b.len();
-            }
-            Piece::Zeros(n) => {
-                dst[at..at + n].fill(0);
-                at += n;
-            }
-        }
-    }
-}
-
-fn read_u32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn read_u64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
-/// Parses and bounds-checks a message block (its bytes are untrusted).
-pub fn parse_message(block: &[u8]) -> Result<MessageLayout> {
-    let bad = |what: &str| ChannelError::Corrupt(format!("message block: {what}"));
-    if read_u32(block, 0) != Some(MSG_MAGIC) {
-        return Err(bad("bad magic"));
-    }
-    let n = read_u32(block, 4).ok_or_else(|| bad("truncated"))? as usize;
-    let header_len = read_u64(block, 8).ok_or_else(|| bad("truncated"))?;
-    let table = 16usize
-        .checked_add(n.checked_mul(16).ok_or_else(|| bad("buffer count"))?)
-        .ok_or_else(|| bad("buffer count"))?;
-    if table > block.len() {
-        return Err(bad("buffer table past the block end"));
-    }
-    let header_off = table.div_ceil(BUF_ALIGN as usize) * BUF_ALIGN as usize;
-    let header_len = usize::try_from(header_len).map_err(|_| bad("header length"))?;
-    if header_off
-        .checked_add(header_len)
-        .is_none_or(|end| end > block.len())
-    {
-        return Err(bad("header past the block end"));
-    }
-    let mut buffers = Vec::with_capacity(n);
-    for i in 0..n {
-        let off = read_u64(block, 16 + 16 * i).ok_or_else(|| bad("truncated"))?;
-        let len = read_u64(block, 24 + 16 * i).ok_or_else(|| bad("truncated"))?;
-        let (off, len) = (
-            usize::try_from(off).map_err(|_| bad("offset"))?,
-            usize::try_from(len).map_err(|_| bad("length"))?,
-        );
-        if off.checked_add(len).is_none_or(|end| end > block.len()) {
-            return Err(bad("buffer past the block end"));
-        }
-        buffers.push((off, len));
-    }
-    Ok(MessageLayout {
-        header: (header_off, header_len),
-        buffers,
-    })
-}
-
-/// FNV-1a, a stable hash for lane keys (Python's `hash` differs per process).
-fn key_hash(key: &[u8]) -> u64 {
-    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// State shared by a channel handle and every lease taken through it.
 pub struct Inner {
     seg_name: String,
@@ -561,39 +414,70 @@ impl Inner {
         unsafe { &*(self.map.base() as *const Header) }
     }
 
-    fn lane(&self, i: u32) -> &Lane {
-        debug_assert!(i < self.geo.max_lanes);
+    /// Lane `i` of the lanes table.
+    ///
+    /// # Errors
+    /// [`ChannelError::Invalid`] naming `i` and the bound if `i >= max_lanes`.
+    fn lane(&self, i: u32) -> Result<&Lane> {
+        if i >= self.geo.max_lanes {
+            return Err(ChannelError::Invalid(format!(
+                "lane index {i} is out of range: the channel has {} lanes",
+                self.geo.max_lanes
+            )));
+        }
         let off = self.geo.lanes_off as usize + i as usize * size_of::<Lane>();
-        // SAFETY: i < max_lanes (callers check), and the lanes table lies
+        // SAFETY: i < max_lanes (checked above), and the lanes table lies
         // inside the mapping by the validated geometry; Lane is all atomics.
-        unsafe { &*(self.map.base().add(off) as *const Lane) }
+        Ok(unsafe { &*(self.map.base().add(off) as *const Lane) })
+    }
+
+    /// Every lane with its index.
+    fn lanes(&self) -> impl Iterator<Item = (u32, &Lane)> {
+        (0..self.geo.max_lanes).filter_map(|l| Some((l, self.lane(l).ok()?)))
     }
 
     fn slot(&self, lane: u32, pos: u64) -> &Slot {
+        // Callers pass lanes they got through `lane` (or `check_lane`); a
+        // bad index here is a bug, not bad shared memory.
+        assert!(
+            lane < self.geo.max_lanes,
+            "lane index {lane} is out of range: the channel has {} lanes",
+            self.geo.max_lanes
+        );
         let cap = self.geo.lane_capacity as u64;
         let idx = lane as u64 * cap + pos % cap;
         let off = self.geo.slots_off as usize + idx as usize * size_of::<Slot>();
-        // SAFETY: lane < max_lanes and pos % cap < cap, so the slot lies inside
+        // SAFETY: lane < max_lanes (asserted above) and pos % cap < cap, so the slot lies inside
         // the rings table of the validated geometry; Slot is all atomics.
         unsafe { &*(self.map.base().add(off) as *const Slot) }
     }
 
-    fn meta(&self, b: u32) -> &BlockMeta {
-        debug_assert!(b < self.geo.max_blocks);
+    /// Metadata of block `b` of the block table.
+    ///
+    /// # Errors
+    /// [`ChannelError::Corrupt`] naming `b` and the bound if
+    /// `b >= max_blocks` (block indices are read from shared memory).
+    fn meta(&self, b: u32) -> Result<&BlockMeta> {
+        if b >= self.geo.max_blocks {
+            return Err(ChannelError::Corrupt(format!(
+                "block index {b} is out of range: the channel has {} blocks",
+                self.geo.max_blocks
+            )));
+        }
         let off = self.geo.blocks_off as usize + b as usize * size_of::<BlockMeta>();
-        // SAFETY: b < max_blocks (callers check), inside the validated block
+        // SAFETY: b < max_blocks (checked above), inside the validated block
         // table; BlockMeta is all atomics.
-        unsafe { &*(self.map.base().add(off) as *const BlockMeta) }
+        Ok(unsafe { &*(self.map.base().add(off) as *const BlockMeta) })
+    }
+
+    /// Blocks `0..n` (clamped to the table) with their metadata.
+    fn metas(&self, n: u32) -> impl Iterator<Item = (u32, &BlockMeta)> {
+        (0..n.min(self.geo.max_blocks)).filter_map(|b| Some((b, self.meta(b).ok()?)))
     }
 
     /// Bounds of block `b` in the mapping, validated (its metadata is untrusted).
     fn block_range(&self, b: u32) -> Result<(usize, usize)> {
-        if b >= self.geo.max_blocks {
-            return Err(ChannelError::Corrupt(format!(
-                "block index {b} out of range"
-            )));
-        }
-        let m = self.meta(b);
+        let m = self.meta(b)?;
         let (off, cap) = (m.off.load(Relaxed), m.cap.load(Relaxed));
         match off.checked_add(cap) {
             Some(end) if end <= self.geo.arena_size => {
@@ -700,16 +584,15 @@ impl Inner {
             h.free_heads[c].store(NONE, Relaxed);
             return None;
         }
-        let m = self.meta(b);
+        let m = self.meta(b).ok()?;
         let next = m.next_free.load(Relaxed);
-        self.claim_locked(b);
+        self.claim_locked(m);
         h.free_heads[c].store(next, Relaxed);
         Some(b)
     }
 
-    fn claim_locked(&self, b: u32) {
+    fn claim_locked(&self, m: &BlockMeta) {
         let (pid, start) = sys::self_identity();
-        let m = self.meta(b);
         m.generation
             .store(m.generation.load(Relaxed).wrapping_add(1), Relaxed);
         m.owner_pid.store(pid, Relaxed);
@@ -733,12 +616,12 @@ impl Inner {
                 .checked_add(cap)
                 .is_some_and(|end| end <= self.geo.arena_size)
         {
-            let m = self.meta(n);
+            let m = self.meta(n).ok()?;
             m.off.store(bump, Relaxed);
             m.cap.store(cap, Relaxed);
             m.class.store(c as u32, Relaxed);
             m.next_free.store(NONE, Relaxed);
-            self.claim_locked(n);
+            self.claim_locked(m);
             h.n_blocks.store(n + 1, Release); // commit
             h.arena_bump.store(bump + cap, Relaxed);
             return Some((n, true));
@@ -750,7 +633,12 @@ impl Inner {
             }
         }
         // Everything carved is free: reset the carving so any size fits again.
-        if n > 0 && (0..n).all(|b| self.meta(b).state.load(Relaxed) == block_state::FREE) {
+        if n > 0
+            && (0..n).all(|b| {
+                self.meta(b)
+                    .is_ok_and(|m| m.state.load(Relaxed) == block_state::FREE)
+            })
+        {
             for f in &h.free_heads {
                 f.store(NONE, Relaxed);
             }
@@ -761,9 +649,9 @@ impl Inner {
         None
     }
 
-    fn free_locked(&self, b: u32) {
+    /// Frees block `b`, whose metadata is `m`.
+    fn free_locked(&self, b: u32, m: &BlockMeta) {
         let h = self.header();
-        let m = self.meta(b);
         let c = (m.class.load(Relaxed) as usize).min(NUM_CLASSES - 1);
         m.owner_pid.store(0, Relaxed);
         m.state.store(block_state::FREE, Release);
@@ -786,8 +674,7 @@ impl Inner {
     fn notify_all_words(&self) {
         let h = self.header();
         self.notify(&h.space);
-        for l in 0..self.geo.max_lanes {
-            let lane = self.lane(l);
+        for (_, lane) in self.lanes() {
             if lane.in_use.load(Acquire) != 0 {
                 self.notify(&lane.not_empty);
                 self.notify(&lane.not_full);
@@ -801,8 +688,7 @@ impl Inner {
         let live_slots = self.live_slots_locked();
         let mut alive: HashMap<(u32, u64), bool> = HashMap::new();
         let mut reclaimed = 0;
-        for b in 0..n {
-            let m = self.meta(b);
+        for (b, m) in self.metas(n) {
             let st = m.state.load(Acquire);
             if !matches!(
                 st,
@@ -837,7 +723,7 @@ impl Inner {
                 // reservation, or a leak.
                 _ => {}
             }
-            self.free_locked(b);
+            self.free_locked(b, m);
             reclaimed += 1;
         }
         reclaimed
@@ -847,8 +733,7 @@ impl Inner {
     /// between a lane's head and tail.
     fn live_slots_locked(&self) -> HashMap<u32, (u32, u64, u32, u32)> {
         let mut live = HashMap::new();
-        for l in 0..self.geo.max_lanes {
-            let lane = self.lane(l);
+        for (l, lane) in self.lanes() {
             if lane.in_use.load(Acquire) == 0 {
                 continue;
             }
@@ -871,8 +756,7 @@ impl Inner {
         // 1. Lane positions and the blocks their live slots reference:
         //    block -> (lane, position, slot state).
         let mut referenced: Vec<Option<(u32, u64, u32)>> = vec![None; n as usize];
-        for l in 0..self.geo.max_lanes {
-            let lane = self.lane(l);
+        for (l, lane) in self.lanes() {
             if lane.in_use.load(Acquire) == 0 {
                 continue;
             }
@@ -885,8 +769,10 @@ impl Inner {
                 let s = self.slot(l, pos);
                 let st = s.state.load(Relaxed);
                 let b = s.block.load(Relaxed);
-                let valid =
-                    b < n && s.generation.load(Relaxed) == self.meta(b).generation.load(Relaxed);
+                let valid = b < n
+                    && self
+                        .meta(b)
+                        .is_ok_and(|m| s.generation.load(Relaxed) == m.generation.load(Relaxed));
                 match st {
                     slot_state::READY | slot_state::RESERVED if valid => {
                         referenced[b as usize] = Some((l, pos, st))
@@ -898,8 +784,7 @@ impl Inner {
         }
         // 2. Block states from references and owner liveness.
         let mut max_end = 0u64;
-        for b in 0..n {
-            let m = self.meta(b);
+        for (b, m) in self.metas(n) {
             let end = m.off.load(Relaxed).saturating_add(m.cap.load(Relaxed));
             if end > self.geo.arena_size || (m.class.load(Relaxed) as usize) >= NUM_CLASSES {
                 // Unusable metadata: forget this block and everything after it.
@@ -936,22 +821,24 @@ impl Inner {
         for f in &h.free_heads {
             f.store(NONE, Relaxed);
         }
-        for b in 0..h.n_blocks.load(Relaxed) {
-            if self.meta(b).state.load(Relaxed) == block_state::FREE {
-                self.free_locked(b);
+        for (b, m) in self.metas(h.n_blocks.load(Relaxed)) {
+            if m.state.load(Relaxed) == block_state::FREE {
+                self.free_locked(b, m);
             }
         }
     }
 
     /// Ends a lease: frees the block if we still own it.
     fn release(&self, b: u32, generation: u32) {
-        let Ok(g) = self.lock() else { return };
-        let m = self.meta(b);
+        // `b` came from a validated slot when the lease was taken.
+        let (Ok(g), Ok(m)) = (self.lock(), self.meta(b)) else {
+            return;
+        };
         let freed = m.generation.load(Relaxed) == generation
             && m.state.load(Relaxed) == block_state::LEASED
             && m.owner_pid.load(Relaxed) == sys::self_identity().0;
         if freed {
-            self.free_locked(b);
+            self.free_locked(b, m);
         }
         drop(g);
         if freed {
@@ -1198,13 +1085,15 @@ impl Channel {
         let hash = key_hash(key);
         let inner = &*self.inner;
         let find = || {
-            (0..inner.geo.max_lanes).find(|&l| {
-                let lane = inner.lane(l);
-                lane.in_use.load(Acquire) != 0
-                    && lane.key_hash.load(Relaxed) == hash
-                    && lane.key_len.load(Relaxed) as usize == key.len()
-                    && lane_key(lane) == key
-            })
+            inner
+                .lanes()
+                .find(|(_, lane)| {
+                    lane.in_use.load(Acquire) != 0
+                        && lane.key_hash.load(Relaxed) == hash
+                        && lane.key_len.load(Relaxed) as usize == key.len()
+                        && lane_key(lane) == key
+                })
+                .map(|(l, _)| l)
         };
         if let Some(l) = find() {
             return Ok(l);
@@ -1213,21 +1102,17 @@ impl Channel {
         if let Some(l) = find() {
             return Ok(l);
         }
-        let free = (0..inner.geo.max_lanes).find(|&l| inner.lane(l).in_use.load(Acquire) == 0);
-        let Some(l) = free else {
+        let free = inner
+            .lanes()
+            .find(|(_, lane)| lane.in_use.load(Acquire) == 0);
+        let Some((l, lane)) = free else {
             return Err(ChannelError::Invalid(format!(
                 "all {} keys of this channel are in use; create it with a larger max_keys",
                 inner.geo.max_lanes
             )));
         };
-        let lane = inner.lane(l);
-        let mut padded = [0u8; KEY_MAX];
-        padded[..key.len()].copy_from_slice(key);
-        for (i, w) in lane.key.iter().enumerate() {
-            w.store(
-                u64::from_le_bytes(padded[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8])),
-                Relaxed,
-            );
+        for (w, v) in lane.key.iter().zip(key_words(key)) {
+            w.store(v, Relaxed);
         }
         lane.key_len.store(key.len() as u32, Relaxed);
         lane.key_hash.store(hash, Relaxed);
@@ -1238,10 +1123,11 @@ impl Channel {
     }
 
     fn check_lane(&self, lane: u32) -> Result<&Lane> {
-        if lane >= self.inner.geo.max_lanes || self.inner.lane(lane).in_use.load(Acquire) == 0 {
+        let l = self.inner.lane(lane)?;
+        if l.in_use.load(Acquire) == 0 {
             return Err(ChannelError::Invalid(format!("lane {lane} does not exist")));
         }
-        Ok(self.inner.lane(lane))
+        Ok(l)
     }
 
     /// Puts one message: `header` plus out-of-band `buffers`.
@@ -1342,7 +1228,7 @@ impl Channel {
                 let slot = inner.slot(lane, tail);
                 slot.block.store(b, Relaxed);
                 slot.generation
-                    .store(inner.meta(b).generation.load(Relaxed), Relaxed);
+                    .store(inner.meta(b)?.generation.load(Relaxed), Relaxed);
                 slot.weight.store(weight as u64, Relaxed);
                 slot.len.store(total, Relaxed);
                 slot.state.store(slot_state::RESERVED, Release);
@@ -1359,7 +1245,7 @@ impl Channel {
                 .slot(lane, pos)
                 .state
                 .store(slot_state::TOMBSTONE, Release);
-            inner.free_locked(block);
+            inner.free_locked(block, inner.meta(block)?);
             drop(g);
             inner.notify(&lane_ref.not_empty);
             return Err(if fits {
@@ -1377,6 +1263,7 @@ impl Channel {
     /// Publishes a reserved, fully written message (the second half of a put).
     fn publish(&self, lane: u32, r: Reservation) {
         let inner = &*self.inner;
+        // `reserve` checked `lane` and `r.block`, so the lookups below succeed.
         // The slot store is the commit. A producer killed right after it
         // leaves a WRITING block behind a READY slot, which the liveness pass
         // recognises as published (it marks the block QUEUED). The block
@@ -1385,13 +1272,17 @@ impl Channel {
             .slot(lane, r.pos)
             .state
             .store(slot_state::READY, Release);
-        let _ = inner.meta(r.block).state.compare_exchange(
-            block_state::WRITING,
-            block_state::QUEUED,
-            AcqRel,
-            Relaxed,
-        );
-        inner.notify(&inner.lane(lane).not_empty);
+        if let Ok(m) = inner.meta(r.block) {
+            let _ = m.state.compare_exchange(
+                block_state::WRITING,
+                block_state::QUEUED,
+                AcqRel,
+                Relaxed,
+            );
+        }
+        if let Ok(l) = inner.lane(lane) {
+            inner.notify(&l.not_empty);
+        }
     }
 
     /// Test hook: reserves a slot and a block and writes half a message, but
@@ -1416,15 +1307,18 @@ impl Channel {
     /// Withdraws a reservation: the slot becomes a tombstone, the block is freed.
     fn abort(&self, lane: u32, r: Reservation) {
         let inner = &*self.inner;
-        if let Ok(g) = inner.lock() {
+        // `reserve` checked `lane` and `r.block`, so the lookups below succeed.
+        if let (Ok(g), Ok(m)) = (inner.lock(), inner.meta(r.block)) {
             inner
                 .slot(lane, r.pos)
                 .state
                 .store(slot_state::TOMBSTONE, Release);
-            inner.free_locked(r.block);
+            inner.free_locked(r.block, m);
             drop(g);
         }
-        inner.notify(&inner.lane(lane).not_empty);
+        if let Ok(l) = inner.lane(lane) {
+            inner.notify(&l.not_empty);
+        }
         inner.notify(&inner.header().space);
     }
 
@@ -1528,7 +1422,7 @@ impl Channel {
                     let b = s.block.load(Relaxed);
                     let (start_off, cap) = inner.block_range(b)?;
                     let len = s.len.load(Relaxed);
-                    let m = inner.meta(b);
+                    let m = inner.meta(b)?;
                     if len as usize > cap || s.generation.load(Relaxed) != m.generation.load(Relaxed) {
                         return Err(ChannelError::Corrupt(format!("slot {pos} has a stale or oversized block")));
                     }
@@ -1627,16 +1521,17 @@ impl Channel {
             arena_size: inner.geo.arena_size,
             ..Stats::default()
         };
-        for b in 0..s.blocks.min(inner.geo.max_blocks) {
-            match inner.meta(b).state.load(Relaxed) {
+        for (_, m) in inner.metas(s.blocks) {
+            match m.state.load(Relaxed) {
                 block_state::FREE => s.free_blocks += 1,
                 block_state::LEASED => s.leased_blocks += 1,
                 block_state::QUEUED => s.queued_blocks += 1,
                 _ => s.writing_blocks += 1,
             }
         }
-        s.lanes = (0..inner.geo.max_lanes)
-            .filter(|&l| inner.lane(l).in_use.load(Relaxed) != 0)
+        s.lanes = inner
+            .lanes()
+            .filter(|(_, lane)| lane.in_use.load(Relaxed) != 0)
             .count() as u32;
         Ok(s)
     }
@@ -1703,14 +1598,10 @@ enum TakeRule {
 }
 
 fn lane_key(lane: &Lane) -> Vec<u8> {
-    let len = (lane.key_len.load(Relaxed) as usize).min(KEY_MAX);
-    let mut bytes: Vec<u8> = lane
-        .key
-        .iter()
-        .flat_map(|w| w.load(Relaxed).to_le_bytes())
-        .collect();
-    bytes.truncate(len);
-    bytes
+    key_from_words(
+        lane.key.iter().map(|w| w.load(Relaxed)),
+        lane.key_len.load(Relaxed) as usize,
+    )
 }
 
 /// Checks a mapped header against the file size and recomputes its geometry.
@@ -1833,4 +1724,50 @@ pub fn cleanup_stale_segments(namespace: Option<&str>) -> Result<Vec<String>> {
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_indices_are_refused() {
+        let opts = ChannelOptions {
+            max_lanes: 4,
+            lane_capacity: 8,
+            max_blocks: 16,
+            arena_bytes: 1 << 20,
+            user_tag: 0,
+        };
+        let ns = format!("rsunit{}", std::process::id());
+        let ch = Channel::create(&ns, "bounds", opts).unwrap();
+        let inner = &*ch.inner;
+        assert!(inner.lane(3).is_ok() && inner.meta(15).is_ok());
+        match inner.lane(4) {
+            Err(ChannelError::Invalid(m)) => {
+                assert!(m.contains("lane index 4") && m.contains("4 lanes"), "{m}")
+            }
+            other => panic!("lane 4 of 4 was not refused: {:?}", other.map(|_| ())),
+        }
+        match inner.meta(16) {
+            Err(ChannelError::Corrupt(m)) => {
+                assert!(
+                    m.contains("block index 16") && m.contains("16 blocks"),
+                    "{m}"
+                )
+            }
+            other => panic!("block 16 of 16 was not refused: {:?}", other.map(|_| ())),
+        }
+        assert!(inner.block_range(u32::MAX).is_err());
+        // The public calls that take a lane index refuse it too.
+        assert!(matches!(ch.qsize(4), Err(ChannelError::Invalid(_))));
+        assert!(matches!(
+            ch.get(u32::MAX, None, true),
+            Err(ChannelError::Invalid(_))
+        ));
+        assert!(matches!(
+            ch.put(9, b"x", &[], 0, None, true),
+            Err(ChannelError::Invalid(_))
+        ));
+    }
 }

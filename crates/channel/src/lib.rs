@@ -3,6 +3,8 @@
 //! - [`naming`]: names of the shared-memory segments (`rlinf.<namespace>.<channel>`).
 //! - [`layout`]: the byte layout of a channel segment.
 //! - [`channel`]: the shared-memory channel (keyed FIFO lanes over a block arena).
+//! - [`encoding`]: the byte format of a message block (header, buffer table,
+//!   aligned buffers) and of lane keys.
 //! - [`transport`]: the node-transport contract (one-sided writes/reads) and its TCP backend.
 //! - [`agent`], [`remote`], [`protocol`], [`wire`]: the per-node agent that serves
 //!   channels to other nodes, its client, and their control messages.
@@ -14,6 +16,7 @@
 
 pub mod agent;
 pub mod channel;
+pub mod encoding;
 pub mod layout;
 pub mod naming;
 pub mod protocol;

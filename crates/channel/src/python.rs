@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyBufferError, PyException, PyOSError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{
+    PyAttributeError, PyBufferError, PyException, PyOSError, PyTimeoutError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::{create_exception, ffi};
@@ -263,8 +265,15 @@ impl Borrowed {
     }
 }
 
-/// What the Python classes need from a channel handle, local or remote.
-trait Backend: Sync {
+/// The channel a [`ChannelCore`] drives: a local segment or one on another node.
+enum Core {
+    /// A shared-memory segment of this node.
+    Local(Channel),
+    /// A channel of another node, reached through its agent over TCP.
+    Remote(RemoteChannel),
+}
+
+impl Core {
     fn put_msg(
         &self,
         lane: u32,
@@ -273,7 +282,13 @@ trait Backend: Sync {
         weight: i64,
         timeout: Option<Duration>,
         nonblocking: bool,
-    ) -> crate::channel::Result<()>;
+    ) -> crate::channel::Result<()> {
+        match self {
+            Core::Local(ch) => ch.put(lane, header, buffers, weight, timeout, nonblocking),
+            Core::Remote(ch) => ch.put(lane, header, buffers, weight, timeout, nonblocking),
+        }
+    }
+
     /// One message (`target == 0`) or a weighted batch.
     fn take_msgs(
         &self,
@@ -281,147 +296,43 @@ trait Backend: Sync {
         target: i64,
         timeout: Option<Duration>,
         nonblocking: bool,
-    ) -> crate::channel::Result<Vec<Backing>>;
-    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool>;
-}
-
-impl Backend for Channel {
-    fn put_msg(
-        &self,
-        lane: u32,
-        header: &[u8],
-        buffers: &[&[u8]],
-        weight: i64,
-        timeout: Option<Duration>,
-        nonblocking: bool,
-    ) -> crate::channel::Result<()> {
-        self.put(lane, header, buffers, weight, timeout, nonblocking)
-    }
-
-    fn take_msgs(
-        &self,
-        lane: u32,
-        target: i64,
-        timeout: Option<Duration>,
-        nonblocking: bool,
     ) -> crate::channel::Result<Vec<Backing>> {
-        let leases = if target == 0 {
-            vec![self.get(lane, timeout, nonblocking)?]
-        } else {
-            self.get_batch(lane, target, timeout)?
-        };
-        Ok(leases.into_iter().map(Backing::Lease).collect())
+        match self {
+            Core::Local(ch) => {
+                let leases = if target == 0 {
+                    vec![ch.get(lane, timeout, nonblocking)?]
+                } else {
+                    ch.get_batch(lane, target, timeout)?
+                };
+                Ok(leases.into_iter().map(Backing::Lease).collect())
+            }
+            Core::Remote(ch) => Ok(ch
+                .take(lane, target, timeout, nonblocking)?
+                .into_iter()
+                .map(|i| Backing::Owned(i.into_boxed_slice()))
+                .collect()),
+        }
     }
 
-    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool> {
-        self.wait_readable(lane, timeout)
-    }
-}
-
-impl Backend for RemoteChannel {
-    fn put_msg(
-        &self,
-        lane: u32,
-        header: &[u8],
-        buffers: &[&[u8]],
-        weight: i64,
-        timeout: Option<Duration>,
-        nonblocking: bool,
-    ) -> crate::channel::Result<()> {
-        self.put(lane, header, buffers, weight, timeout, nonblocking)
-    }
-
-    fn take_msgs(
-        &self,
-        lane: u32,
-        target: i64,
-        timeout: Option<Duration>,
-        nonblocking: bool,
-    ) -> crate::channel::Result<Vec<Backing>> {
-        let images = self.take(lane, target, timeout, nonblocking)?;
-        Ok(images
-            .into_iter()
-            .map(|i| Backing::Owned(i.into_boxed_slice()))
-            .collect())
-    }
-
-    fn wait_readable_for(&self, lane: u32, timeout: Duration) -> crate::channel::Result<bool> {
-        self.wait_readable(lane, timeout)
+    /// The backend, for error messages.
+    fn describe(&self) -> String {
+        match self {
+            Core::Local(ch) => format!("a local shared-memory channel ({})", ch.segment_name()),
+            Core::Remote(ch) => format!(
+                "a remote channel reached through the agent at {}",
+                ch.address()
+            ),
+        }
     }
 }
 
-fn py_put(
-    backend: &impl Backend,
-    py: Python<'_>,
-    lane: u32,
-    header: &Bound<'_, PyAny>,
-    buffers: &[Bound<'_, PyAny>],
-    weight: i64,
-    timeout: Option<f64>,
-    nonblocking: bool,
-) -> PyResult<()> {
-    let timeout = to_duration(timeout)?;
-    let borrowed = Borrowed::new(header, buffers)?;
-    let (header_bytes, slices) = borrowed.slices();
-    py.detach(|| backend.put_msg(lane, header_bytes, &slices, weight, timeout, nonblocking))
-        .map_err(to_py)
-}
-
-fn py_get(
-    backend: &impl Backend,
-    py: Python<'_>,
-    lane: u32,
-    timeout: Option<f64>,
-    nonblocking: bool,
-) -> PyResult<Py<PyTuple>> {
-    let timeout = to_duration(timeout)?;
-    let mut items = py
-        .detach(|| backend.take_msgs(lane, 0, timeout, nonblocking))
-        .map_err(to_py)?;
-    let item = items
-        .pop()
-        .ok_or_else(|| ChannelEmpty::new_err("no item was returned"))?;
-    message_to_py(py, item)
-}
-
-fn py_get_batch(
-    backend: &impl Backend,
-    py: Python<'_>,
-    lane: u32,
-    target: i64,
-    timeout: Option<f64>,
-) -> PyResult<Py<PyList>> {
-    if target <= 0 {
-        return Err(PyValueError::new_err(format!(
-            "target_weight must be positive, got {target}"
-        )));
-    }
-    let timeout = to_duration(timeout)?;
-    let items = py
-        .detach(|| backend.take_msgs(lane, target, timeout, false))
-        .map_err(to_py)?;
-    let items = items
-        .into_iter()
-        .map(|b| message_to_py(py, b))
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(PyList::new(py, items)?.unbind())
-}
-
-fn py_wait_readable(
-    backend: &impl Backend,
-    py: Python<'_>,
-    lane: u32,
-    timeout: f64,
-) -> PyResult<bool> {
-    let timeout = to_duration(Some(timeout))?.unwrap_or_default();
-    py.detach(|| backend.wait_readable_for(lane, timeout))
-        .map_err(to_py)
-}
-
-/// Native handle on one shared-memory channel segment.
+/// Native handle on one channel: a shared-memory segment of this node
+/// (`create`, `attach`) or a channel of another node reached through its
+/// agent over TCP (`connect_remote`). Both offer the same methods, except
+/// `segment_name` (local only).
 #[pyclass(frozen, module = "rlinf.core._native")]
 struct ChannelCore {
-    ch: Channel,
+    core: Core,
 }
 
 #[pymethods]
@@ -458,140 +369,27 @@ impl ChannelCore {
                 }
             })
             .map_err(to_py)?;
-        Ok(Self { ch })
+        Ok(Self {
+            core: Core::Local(ch),
+        })
     }
 
-    /// Attaches to an existing segment.
+    /// Attaches to an existing segment of this node.
     #[staticmethod]
     fn attach(py: Python<'_>, namespace: &str, name: &str) -> PyResult<Self> {
         let ch = py
             .detach(|| Channel::attach(namespace, name))
             .map_err(to_py)?;
-        Ok(Self { ch })
+        Ok(Self {
+            core: Core::Local(ch),
+        })
     }
 
-    /// The lane index for an encoded key (created on first use).
-    fn lane(&self, key: &[u8]) -> PyResult<u32> {
-        self.ch.lane(key).map_err(to_py)
-    }
-
-    /// Puts `header` plus out-of-band `buffers` (C-contiguous buffer objects).
-    #[pyo3(signature = (lane, header, buffers, weight=0, timeout=None, nonblocking=false))]
-    fn put(
-        &self,
-        py: Python<'_>,
-        lane: u32,
-        header: &Bound<'_, PyAny>,
-        buffers: Vec<Bound<'_, PyAny>>,
-        weight: i64,
-        timeout: Option<f64>,
-        nonblocking: bool,
-    ) -> PyResult<()> {
-        py_put(
-            &self.ch,
-            py,
-            lane,
-            header,
-            &buffers,
-            weight,
-            timeout,
-            nonblocking,
-        )
-    }
-
-    /// Takes one message: `(header, [views])`; header is bytes for small
-    /// messages without buffers, else a view.
-    #[pyo3(signature = (lane, timeout=None, nonblocking=false))]
-    fn get(
-        &self,
-        py: Python<'_>,
-        lane: u32,
-        timeout: Option<f64>,
-        nonblocking: bool,
-    ) -> PyResult<Py<PyTuple>> {
-        py_get(&self.ch, py, lane, timeout, nonblocking)
-    }
-
-    /// Takes messages whose weights sum to `target` (see `Channel.get_batch`).
-    #[pyo3(signature = (lane, target, timeout=None))]
-    fn get_batch(
-        &self,
-        py: Python<'_>,
-        lane: u32,
-        target: i64,
-        timeout: Option<f64>,
-    ) -> PyResult<Py<PyList>> {
-        py_get_batch(&self.ch, py, lane, target, timeout)
-    }
-
-    /// Waits until the lane has a published item; False on timeout.
-    fn wait_readable(&self, py: Python<'_>, lane: u32, timeout: f64) -> PyResult<bool> {
-        py_wait_readable(&self.ch, py, lane, timeout)
-    }
-
-    /// Items in the lane.
-    fn qsize(&self, lane: u32) -> PyResult<u64> {
-        self.ch.qsize(lane).map_err(to_py)
-    }
-
-    /// Closes the channel for every process; wakes all waiters. Idempotent.
-    fn close(&self) {
-        self.ch.close();
-    }
-
-    /// Whether the channel was closed.
-    #[getter]
-    fn closed(&self) -> bool {
-        self.ch.is_closed()
-    }
-
-    /// Frees blocks held by dead processes; returns how many.
-    fn reclaim(&self, py: Python<'_>) -> PyResult<usize> {
-        let ch = &self.ch;
-        py.detach(|| ch.reclaim()).map_err(to_py)
-    }
-
-    /// Arena and lane counters.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.ch.stats().map_err(to_py)?;
-        stats_dict(py, &s)
-    }
-
-    #[getter]
-    fn segment_name(&self) -> &str {
-        self.ch.segment_name()
-    }
-
-    #[getter]
-    fn user_tag(&self) -> u32 {
-        self.ch.user_tag()
-    }
-
-    #[getter]
-    fn lane_capacity(&self) -> u32 {
-        self.ch.lane_capacity()
-    }
-
-    #[getter]
-    fn arena_size(&self) -> u64 {
-        self.ch.arena_size()
-    }
-}
-
-/// Native handle on a channel of another node, reached through its agent
-/// over TCP. Same methods as `ChannelCore`.
-#[pyclass(frozen, module = "rlinf.core._native")]
-struct RemoteCore {
-    ch: RemoteChannel,
-}
-
-#[pymethods]
-impl RemoteCore {
-    /// Connects to channel `name` served by the agent at `address`; with
-    /// `create`, creates it there (the sizes are then used).
+    /// Connects to channel `name` served by the agent at `address` (another
+    /// node); with `create`, creates it there (the sizes are then used).
     #[staticmethod]
     #[pyo3(signature = (address, namespace, name, create=false, max_lanes=64, lane_capacity=4096, max_blocks=4096, arena_bytes=1<<30, user_tag=0))]
-    fn connect(
+    fn connect_remote(
         py: Python<'_>,
         address: &str,
         namespace: &str,
@@ -615,14 +413,27 @@ impl RemoteCore {
                 RemoteChannel::connect(Arc::new(TcpTransport), address, namespace, name, opts)
             })
             .map_err(to_py)?;
-        Ok(Self { ch })
+        Ok(Self {
+            core: Core::Remote(ch),
+        })
     }
 
+    /// Whether the channel is reached through another node's agent.
+    #[getter]
+    fn remote(&self) -> bool {
+        matches!(self.core, Core::Remote(_))
+    }
+
+    /// The lane index for an encoded key (created on first use).
     fn lane(&self, py: Python<'_>, key: &[u8]) -> PyResult<u32> {
-        let ch = &self.ch;
-        py.detach(|| ch.lane(key)).map_err(to_py)
+        match &self.core {
+            Core::Local(ch) => ch.lane(key),
+            Core::Remote(ch) => py.detach(|| ch.lane(key)),
+        }
+        .map_err(to_py)
     }
 
+    /// Puts `header` plus out-of-band `buffers` (C-contiguous buffer objects).
     #[pyo3(signature = (lane, header, buffers, weight=0, timeout=None, nonblocking=false))]
     fn put(
         &self,
@@ -634,18 +445,16 @@ impl RemoteCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<()> {
-        py_put(
-            &self.ch,
-            py,
-            lane,
-            header,
-            &buffers,
-            weight,
-            timeout,
-            nonblocking,
-        )
+        let timeout = to_duration(timeout)?;
+        let borrowed = Borrowed::new(header, &buffers)?;
+        let (header_bytes, slices) = borrowed.slices();
+        let core = &self.core;
+        py.detach(|| core.put_msg(lane, header_bytes, &slices, weight, timeout, nonblocking))
+            .map_err(to_py)
     }
 
+    /// Takes one message: `(header, [views])`; header is bytes for small
+    /// messages without buffers, else a view.
     #[pyo3(signature = (lane, timeout=None, nonblocking=false))]
     fn get(
         &self,
@@ -654,9 +463,18 @@ impl RemoteCore {
         timeout: Option<f64>,
         nonblocking: bool,
     ) -> PyResult<Py<PyTuple>> {
-        py_get(&self.ch, py, lane, timeout, nonblocking)
+        let timeout = to_duration(timeout)?;
+        let core = &self.core;
+        let mut items = py
+            .detach(|| core.take_msgs(lane, 0, timeout, nonblocking))
+            .map_err(to_py)?;
+        let item = items
+            .pop()
+            .ok_or_else(|| ChannelEmpty::new_err("no item was returned"))?;
+        message_to_py(py, item)
     }
 
+    /// Takes messages whose weights sum to `target` (see `Channel.get_batch`).
     #[pyo3(signature = (lane, target, timeout=None))]
     fn get_batch(
         &self,
@@ -665,53 +483,124 @@ impl RemoteCore {
         target: i64,
         timeout: Option<f64>,
     ) -> PyResult<Py<PyList>> {
-        py_get_batch(&self.ch, py, lane, target, timeout)
+        if target <= 0 {
+            return Err(PyValueError::new_err(format!(
+                "target_weight must be positive, got {target}"
+            )));
+        }
+        let timeout = to_duration(timeout)?;
+        let core = &self.core;
+        let items = py
+            .detach(|| core.take_msgs(lane, target, timeout, false))
+            .map_err(to_py)?;
+        let items = items
+            .into_iter()
+            .map(|b| message_to_py(py, b))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(PyList::new(py, items)?.unbind())
     }
 
+    /// Waits until the lane has a published item; False on timeout.
     fn wait_readable(&self, py: Python<'_>, lane: u32, timeout: f64) -> PyResult<bool> {
-        py_wait_readable(&self.ch, py, lane, timeout)
+        let timeout = to_duration(Some(timeout))?.unwrap_or_default();
+        py.detach(|| match &self.core {
+            Core::Local(ch) => ch.wait_readable(lane, timeout),
+            Core::Remote(ch) => ch.wait_readable(lane, timeout),
+        })
+        .map_err(to_py)
     }
 
+    /// Items in the lane.
     fn qsize(&self, py: Python<'_>, lane: u32) -> PyResult<u64> {
-        let ch = &self.ch;
-        py.detach(|| ch.qsize(lane)).map_err(to_py)
+        match &self.core {
+            Core::Local(ch) => ch.qsize(lane),
+            Core::Remote(ch) => py.detach(|| ch.qsize(lane)),
+        }
+        .map_err(to_py)
     }
 
+    /// Closes the channel for every process; wakes all waiters. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let ch = &self.ch;
-        py.detach(|| ch.close()).map_err(to_py)
+        match &self.core {
+            Core::Local(ch) => {
+                ch.close();
+                Ok(())
+            }
+            Core::Remote(ch) => py.detach(|| ch.close()).map_err(to_py),
+        }
     }
 
+    /// Whether the channel was closed.
     #[getter]
     fn closed(&self, py: Python<'_>) -> PyResult<bool> {
-        let ch = &self.ch;
-        py.detach(|| ch.is_closed()).map_err(to_py)
+        match &self.core {
+            Core::Local(ch) => Ok(ch.is_closed()),
+            Core::Remote(ch) => py.detach(|| ch.is_closed()).map_err(to_py),
+        }
     }
 
+    /// Frees blocks held by dead processes; returns how many.
     fn reclaim(&self, py: Python<'_>) -> PyResult<usize> {
-        let ch = &self.ch;
-        py.detach(|| ch.reclaim()).map_err(to_py)
+        py.detach(|| match &self.core {
+            Core::Local(ch) => ch.reclaim(),
+            Core::Remote(ch) => ch.reclaim(),
+        })
+        .map_err(to_py)
     }
 
+    /// Arena and lane counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let ch = &self.ch;
-        let s = py.detach(|| ch.stats()).map_err(to_py)?;
+        let s = match &self.core {
+            Core::Local(ch) => ch.stats(),
+            Core::Remote(ch) => py.detach(|| ch.stats()),
+        }
+        .map_err(to_py)?;
         stats_dict(py, &s)
     }
 
+    /// The shared-memory segment's name (local channels only: a remote
+    /// channel's segment is on its home node; AttributeError there).
+    #[getter]
+    fn segment_name(&self) -> PyResult<&str> {
+        match &self.core {
+            Core::Local(ch) => Ok(ch.segment_name()),
+            Core::Remote(_) => Err(PyAttributeError::new_err(format!(
+                "ChannelCore.segment_name is only available on a local shared-memory channel; \
+                 this is {}",
+                self.core.describe()
+            ))),
+        }
+    }
+
+    /// The creator's tag (the Python layer's `maxsize`).
     #[getter]
     fn user_tag(&self) -> u32 {
-        self.ch.user_tag()
+        match &self.core {
+            Core::Local(ch) => ch.user_tag(),
+            Core::Remote(ch) => ch.user_tag(),
+        }
     }
 
+    /// Items per lane.
     #[getter]
     fn lane_capacity(&self) -> u32 {
-        self.ch.lane_capacity()
+        match &self.core {
+            Core::Local(ch) => ch.lane_capacity(),
+            Core::Remote(ch) => ch.lane_capacity(),
+        }
     }
 
+    /// Arena size (on the home node for a remote channel).
     #[getter]
     fn arena_size(&self) -> u64 {
-        self.ch.arena_size()
+        match &self.core {
+            Core::Local(ch) => ch.arena_size(),
+            Core::Remote(ch) => ch.arena_size(),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ChannelCore: {}>", self.core.describe())
     }
 }
 
@@ -833,7 +722,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;
-    m.add_class::<RemoteCore>()?;
     m.add_class::<ChannelAgent>()?;
     m.add("ChannelError", py.get_type::<ChannelError_>())?;
     m.add("ChannelClosed", py.get_type::<ChannelClosed>())?;

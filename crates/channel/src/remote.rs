@@ -170,6 +170,11 @@ impl RemoteChannel {
         }
     }
 
+    /// The agent's address (`host:port`).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
     /// Items per lane.
     pub fn lane_capacity(&self) -> u32 {
         self.lane_capacity

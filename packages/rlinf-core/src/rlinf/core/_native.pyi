@@ -1,7 +1,28 @@
 """Type stubs for the compiled extension built from ``crates/channel``."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self, final
+
+__all__ = [
+    "SEGMENT_PREFIX",
+    "ChannelAgent",
+    "ChannelClosed",
+    "ChannelCore",
+    "ChannelCorrupt",
+    "ChannelEmpty",
+    "ChannelError",
+    "ChannelExists",
+    "ChannelFull",
+    "ChannelNotFound",
+    "ShmView",
+    "cleanup_stale_segments",
+    "parse_segment_name",
+    "release_all_names",
+    "release_owned_names",
+    "segment_name",
+    "version",
+    "wait_stats",
+]
 
 SEGMENT_PREFIX: str
 
@@ -13,15 +34,25 @@ class ChannelExists(ChannelError): ...
 class ChannelNotFound(ChannelError): ...
 class ChannelCorrupt(ChannelError): ...
 
+@final
 class ShmView:
     """Writable zero-copy view of bytes in a channel block (buffer protocol)."""
 
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
-Message = tuple[bytes | ShmView, list[ShmView]]
+_Message = tuple[bytes | ShmView, list[ShmView]]
 
+@final
 class ChannelCore:
+    """Native handle on one channel, local (shared memory) or remote (TCP agent).
+
+    ``create``/``attach`` give a shared-memory segment of this node,
+    ``connect_remote`` a channel of another node reached through its agent.
+    Both offer the same methods, except ``segment_name`` (local only;
+    ``AttributeError`` on a remote channel).
+    """
+
     @staticmethod
     def create(
         namespace: str,
@@ -35,6 +66,20 @@ class ChannelCore:
     ) -> ChannelCore: ...
     @staticmethod
     def attach(namespace: str, name: str) -> ChannelCore: ...
+    @staticmethod
+    def connect_remote(
+        address: str,
+        namespace: str,
+        name: str,
+        create: bool = False,
+        max_lanes: int = 64,
+        lane_capacity: int = 4096,
+        max_blocks: int = 4096,
+        arena_bytes: int = 1 << 30,
+        user_tag: int = 0,
+    ) -> ChannelCore: ...
+    @property
+    def remote(self) -> bool: ...
     def lane(self, key: bytes) -> int: ...
     def put(
         self,
@@ -47,8 +92,8 @@ class ChannelCore:
     ) -> None: ...
     def get(
         self, lane: int, timeout: float | None = None, nonblocking: bool = False
-    ) -> Message: ...
-    def get_batch(self, lane: int, target: int, timeout: float | None = None) -> list[Message]: ...
+    ) -> _Message: ...
+    def get_batch(self, lane: int, target: int, timeout: float | None = None) -> list[_Message]: ...
     def wait_readable(self, lane: int, timeout: float) -> bool: ...
     def qsize(self, lane: int) -> int: ...
     def close(self) -> None: ...
@@ -65,51 +110,11 @@ class ChannelCore:
     @property
     def arena_size(self) -> int: ...
 
-class RemoteCore:
-    @staticmethod
-    def connect(
-        address: str,
-        namespace: str,
-        name: str,
-        create: bool = False,
-        max_lanes: int = 64,
-        lane_capacity: int = 4096,
-        max_blocks: int = 4096,
-        arena_bytes: int = 1 << 30,
-        user_tag: int = 0,
-    ) -> RemoteCore: ...
-    def lane(self, key: bytes) -> int: ...
-    def put(
-        self,
-        lane: int,
-        header: Any,
-        buffers: Sequence[Any],
-        weight: int = 0,
-        timeout: float | None = None,
-        nonblocking: bool = False,
-    ) -> None: ...
-    def get(
-        self, lane: int, timeout: float | None = None, nonblocking: bool = False
-    ) -> Message: ...
-    def get_batch(self, lane: int, target: int, timeout: float | None = None) -> list[Message]: ...
-    def wait_readable(self, lane: int, timeout: float) -> bool: ...
-    def qsize(self, lane: int) -> int: ...
-    def close(self) -> None: ...
-    @property
-    def closed(self) -> bool: ...
-    def reclaim(self) -> int: ...
-    def stats(self) -> dict[str, int]: ...
-    @property
-    def user_tag(self) -> int: ...
-    @property
-    def lane_capacity(self) -> int: ...
-    @property
-    def arena_size(self) -> int: ...
-
+@final
 class ChannelAgent:
     """Serves this node's channels to other nodes over TCP."""
 
-    def __init__(self, bind: str = "127.0.0.1:0") -> None: ...
+    def __new__(cls, bind: str = "127.0.0.1:0") -> Self: ...
     @property
     def address(self) -> str: ...
     def stop(self) -> None: ...

@@ -80,8 +80,6 @@ NAMESPACE_ENV = "RLINF_CHANNEL_NAMESPACE"
 AGENT_ENV = "RLINF_CHANNEL_AGENT"
 """If set (``host:port``), ``Channel.connect`` goes through that agent over TCP."""
 
-_Core = _native.ChannelCore | _native.RemoteCore
-
 ChannelClosed = _native.ChannelClosed
 ChannelNotFound = _native.ChannelNotFound
 
@@ -95,7 +93,7 @@ _executor: ThreadPoolExecutor | None = None
 
 # Connections to other nodes' agents that keep the channels this process
 # created there, by (address, namespace, name); see the module docstring.
-_remote_created: dict[tuple[str, str, str], _native.RemoteCore] = {}
+_remote_created: dict[tuple[str, str, str], _native.ChannelCore] = {}
 
 
 def release_created_channels(namespace: str | None = None) -> int:
@@ -244,7 +242,9 @@ class Channel:
     process calls :func:`release_created_channels` (see the module docstring).
     """
 
-    def __init__(self, core: _Core, name: str, namespace: str, address: str | None = None) -> None:
+    def __init__(
+        self, core: _native.ChannelCore, name: str, namespace: str, address: str | None = None
+    ) -> None:
         """Wraps a native handle; use :meth:`create` or :meth:`connect` instead."""
         self._core = core
         self._name = name
@@ -307,11 +307,10 @@ class Channel:
         lane_capacity = maxsize if maxsize > 0 else max_items
         sizes = (max_keys, lane_capacity, max(max_items, maxsize), capacity_bytes, maxsize)
         try:
-            core: _Core
             if address is None:
                 core = _native.ChannelCore.create(namespace, name, *sizes, owned=True)
             else:
-                core = _native.RemoteCore.connect(address, namespace, name, True, *sizes)
+                core = _native.ChannelCore.connect_remote(address, namespace, name, True, *sizes)
                 _remote_created[(address, namespace, name)] = core
         except _native.ChannelExists:
             if not exist_ok:
@@ -355,11 +354,10 @@ class Channel:
                 if home is not None and home != resolver.node_key():
                     address = resolver.agent_address(home)
             try:
-                core: _Core
                 if address is None:
                     core = _native.ChannelCore.attach(namespace, name)
                 else:
-                    core = _native.RemoteCore.connect(address, namespace, name)
+                    core = _native.ChannelCore.connect_remote(address, namespace, name)
                 return cls(core, name, namespace, address)
             except _native.ChannelNotFound:
                 if time.monotonic() >= deadline:
