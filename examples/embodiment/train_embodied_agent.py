@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.core.logging import setup_logging
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser, str(CONFIG_DIR), "cartpole_ppo_mlp")
     args = parser.parse_args(argv)
     setup_logging()
+    startup.mark("imports")
     try:
         cfg = config_from_args(args, schema=EmbodiedConfig)
     except ConfigError as exc:
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     try:
         cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
+        startup.mark("ray")
         try:
             placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
         except ValueError as exc:
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         groups = list(launched.values())
+        startup.mark("groups")
         actor, rollout, env = groups
 
         runner = EmbodiedRunner(cfg=cfg, actor=actor, rollout=rollout, env=env)

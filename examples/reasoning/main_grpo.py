@@ -21,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.reasoning.config import ReasoningConfig
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    startup.mark("imports")
     try:
         cfg = config_from_args(args, ReasoningConfig)
     except ConfigError as err:
@@ -52,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     interrupted: str | None = None
     try:
         cluster = Cluster(num_nodes=cfg.cluster.num_nodes, cluster_cfg=cfg.cluster)
+        startup.mark("ray")
         try:
             placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
         except ValueError as err:  # the placement or world sizes do not fit this cluster
             print(f"cannot place the run on this cluster: {err}", file=sys.stderr)
             return 2
+        startup.mark("groups")
         runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
         runner.init_workers()
         last = runner.run()

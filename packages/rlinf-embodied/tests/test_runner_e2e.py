@@ -30,6 +30,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import compose_config, validate_config
+from rlinf.core.run_state import ConfigChangedError
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.envs import available_envs, register_env
 from rlinf.embodied.envs.gym_env import GymVectorEnv
@@ -328,6 +329,40 @@ def test_resume_from_auto_repeats_the_next_step(hybrid: list[WorkerGroup], tmp_p
     assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
     mismatched = {k: (want[k], got[k]) for k in keys if want[k] != got[k]}
     assert not mismatched, mismatched
+
+
+def test_resume_with_changed_batch_size_or_seed_is_refused_by_name(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    actor, rollout, env = hybrid
+    common = [*SMALL, "env.train.max_steps_per_rollout_epoch=64", "runner.val_check_interval=-1"]
+    once = [*common, "runner.max_epochs=1", "runner.save_interval=1"]
+    first = make_config(tmp_path, "first", once, placement=HYBRID)
+    with EmbodiedRunner(first, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.run()
+        ckpt = runner.checkpoint_root / "global_step_1"
+    assert (ckpt / "progress.pt").is_file() and (ckpt / "config.yaml").is_file()
+    changed = [*common, f"runner.resume_dir={ckpt}", "runner.max_epochs=2"]
+    changed += ["actor.global_batch_size=256", "runner.seed=7"]
+    refused = make_config(tmp_path, "changed", changed, placement=HYBRID)
+    with (
+        EmbodiedRunner(refused, actor, rollout, env) as runner,
+        pytest.raises(ConfigChangedError) as err,
+    ):
+        runner.init_workers()
+    message = str(err.value)
+    assert "actor.global_batch_size: 128 -> 256" in message
+    assert "runner.seed: 1 -> 7" in message
+    assert "runner.allow_config_change" in message and "max_epochs" not in message
+    allowed = make_config(
+        tmp_path, "allowed", [*changed, "runner.allow_config_change=true"], placement=HYBRID
+    )
+    with EmbodiedRunner(allowed, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.global_step == 1
+        runner.run()
+        assert runner.global_step == 2
 
 
 # ----------------------------------------------------------------------------- simulators

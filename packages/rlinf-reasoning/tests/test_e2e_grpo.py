@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import ray
 import torch
 
 from rlinf.core.config import validate_config
+from rlinf.core.run_state import ConfigChangedError
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task, read_jsonl, write_jsonl
@@ -287,11 +287,17 @@ def test_resume_continues_with_same_data_order_and_step(disaggregated: dict[str,
     first: ReasoningRunner = disaggregated["runner"]
     actor, rollout, reward = disaggregated["groups"]
     ckpt = Path(disaggregated["logs"]) / "disagg" / "checkpoints" / "global_step_16"
-    state = json.loads((ckpt / "runner.json").read_text())
+    state = torch.load(ckpt / "progress.pt", weights_only=False)
     assert state["global_step"] == 16
     cfg = disaggregated["cfg"].model_copy(deep=True)
     cfg.runner.resume_dir = ckpt
     cfg.runner.logger.experiment_name = "disagg_resumed"
+    # A changed seed is named and refused before any state is loaded.
+    reseeded = cfg.model_copy(deep=True)
+    reseeded.runner.seed = cfg.runner.seed + 1
+    refused = pytest.raises(ConfigChangedError, match=rf"runner\.seed: {cfg.runner.seed} -> ")
+    with ReasoningRunner(reseeded, actor, rollout, reward, collocated=False) as runner, refused:
+        runner.init_workers()
     # The runner as a context manager: closing it leaves the groups to the caller.
     with ReasoningRunner(cfg, actor, rollout, reward, collocated=False) as runner:
         runner.init_workers()
@@ -308,7 +314,7 @@ def test_resume_continues_with_same_data_order_and_step(disaggregated: dict[str,
         assert _history(runner, "rollout/reward_scores") == pytest.approx(
             _history(first, "rollout/reward_scores")[16:], abs=1e-6
         )
-    assert runner._channels == [], "close() removed the runner's channels"
+    assert runner._res.channels == {}, "close() removed the runner's channels"
     assert actor.state_summary().wait()[0]["optim_steps"] > 0, "the groups still serve"
 
 

@@ -21,10 +21,13 @@ rlinf-core).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 import re
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,10 @@ __all__ = [
     "CheckpointCorruptError",
     "find_latest_checkpoint",
     "mark_complete",
+    "new_checkpoint",
     "resolve_resume_dir",
     "restart_resume_dir",
+    "resume_from",
     "rng_state",
     "set_rng_state",
     "step_dir",
@@ -186,6 +191,29 @@ def find_latest_checkpoint(checkpoint_root: Path, verify: bool = True) -> Path |
     return None
 
 
+@contextlib.contextmanager
+def new_checkpoint(checkpoint_root: Path, step: int) -> Iterator[Path]:
+    """An empty ``global_step_N`` folder to write into, marked complete when the block ends.
+
+    A folder of the same step is replaced. If the block raises, no marker is
+    written, so the partial folder is never resumed from.
+
+    Args:
+        checkpoint_root: The run's ``checkpoints`` folder.
+        step: The global step.
+
+    Yields:
+        The folder.
+    """
+    path = step_dir(checkpoint_root, step)
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    yield path
+    mark_complete(path, step)
+    _log.info("saved checkpoint %s", path)
+
+
 def resolve_resume_dir(
     resume_dir: str | Path | None, checkpoint_root: Path, key: str = "runner.resume_dir"
 ) -> Path | None:
@@ -209,7 +237,10 @@ def resolve_resume_dir(
     if resume_dir is None:
         return None
     if str(resume_dir) == "auto":
-        return find_latest_checkpoint(checkpoint_root)
+        found = find_latest_checkpoint(checkpoint_root)
+        if found is None:
+            _log.info(f"{key}=auto: no checkpoint in {checkpoint_root}, starting fresh")
+        return found
     path = Path(resume_dir).expanduser()
     if not (path / COMPLETE_MARKER).is_file():
         raise FileNotFoundError(
@@ -227,6 +258,20 @@ def resolve_resume_dir(
             hint=f" ({key}); pass an older global_step_N folder under {checkpoint_root}, "
             "or 'auto' to take the newest intact one",
         ) from None
+    return path
+
+
+def resume_from(
+    resume_dir: str | Path | None, checkpoint_root: Path, load: Callable[[Path], object]
+) -> Path | None:
+    """Calls ``load`` with the folder ``resume_dir`` names (see :func:`resolve_resume_dir`).
+
+    Returns:
+        The folder loaded, or None (a fresh start).
+    """
+    path = resolve_resume_dir(resume_dir, checkpoint_root)
+    if path is not None:
+        load(path)
     return path
 
 

@@ -26,9 +26,10 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.logging import get_logger
 
 if TYPE_CHECKING:
@@ -250,7 +251,7 @@ def _import_backend(backend: str, package: str) -> ModuleType:
     return importlib.import_module(package)
 
 
-class MetricLogger:
+class MetricLogger(ClosesOnExit):
     """Writes scalar metrics to every configured backend and summarizes them on the console.
 
     Args:
@@ -399,14 +400,3 @@ class MetricLogger:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-    def __enter__(self) -> MetricLogger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

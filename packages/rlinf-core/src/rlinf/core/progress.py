@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sized
-from types import TracebackType
 from typing import Any, TextIO, TypeVar
 
 from tqdm import tqdm
 
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.metrics import format_number
 
 __all__ = [
@@ -85,7 +85,7 @@ def rate_postfix(count: float, seconds: float, unit: str = "it") -> str:
     return f"{rate} {unit}/s"
 
 
-class ProgressBar:
+class ProgressBar(ClosesOnExit):
     """A tqdm bar whose ``update`` also sets compactly formatted postfix values.
 
     Create it with :func:`progress_bar`.
@@ -127,17 +127,6 @@ class ProgressBar:
     def close(self) -> None:
         """Draw the final state and release the line; calling it again does nothing."""
         self._bar.close()
-
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def progress_bar(

@@ -27,28 +27,24 @@ step's metrics (``train/ eval/ env/ rollout/ time/``) to the metric backends.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import shutil
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from rlinf.core.channel import Channel
+from rlinf.core import startup
 from rlinf.core.checkpoint import (
     find_latest_checkpoint,
-    mark_complete,
-    resolve_resume_dir,
-    restart_resume_dir,
-    step_dir,
+    new_checkpoint,
+    resume_from,
+    rng_state,
+    set_rng_state,
 )
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.logging import get_logger
-from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
 from rlinf.core.protocols.workers import (
     EmbodiedActorWorker,
@@ -56,9 +52,11 @@ from rlinf.core.protocols.workers import (
     EmbodiedRolloutWorker,
     check_implements,
 )
+from rlinf.core.run_resources import RunResources
+from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.sched import GroupFuture, WorkerGroup, wait_all
-from rlinf.sched.recovery import run_with_restarts
+from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
@@ -75,7 +73,7 @@ def _devices(group: WorkerGroup) -> set[tuple[Any, ...]]:
     return out
 
 
-class EmbodiedRunner:
+class EmbodiedRunner(ClosesOnExit):
     """Drives env, rollout and actor groups through training, eval and checkpoints.
 
     The groups may be reused by another runner afterwards: ``init_workers``
@@ -99,12 +97,9 @@ class EmbodiedRunner:
     def __init__(
         self, cfg: EmbodiedConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup
     ) -> None:
-        for group, role in (
-            (actor, EmbodiedActorWorker),
-            (rollout, EmbodiedRolloutWorker),
-            (env, EmbodiedEnvWorker),
-        ):
-            check_implements(group.worker_cls, role)
+        check_implements(actor.worker_cls, EmbodiedActorWorker)
+        check_implements(rollout.worker_cls, EmbodiedRolloutWorker)
+        check_implements(env.worker_cls, EmbodiedEnvWorker)
         self.cfg = cfg
         self.actor, self.rollout, self.env = actor, rollout, env
         self.global_step = 0
@@ -113,12 +108,10 @@ class EmbodiedRunner:
         self.collocated = False
         self.mode = "disaggregated"
         self.spec: Any = None
-        self._channels: dict[str, Channel] = {}
+        self._res = RunResources(cfg.runner.logger, cfg)
         self._synced_version = -1
         self._evaluated = False
-        self._logger: MetricLogger | None = None
         self._initialized = False
-        self._closed = False
 
     # ------------------------------------------------------------------ paths
 
@@ -148,7 +141,7 @@ class EmbodiedRunner:
         return wait_all(
             futures,
             self.cfg.runner.step_timeout_s,
-            on_error=self._close_channels,
+            on_error=self._res.close_channels,
             hint=f"step {self.global_step}: raise runner.step_timeout_s if the run is just slow",
         )
 
@@ -170,17 +163,12 @@ class EmbodiedRunner:
             "rollout": self.rollout.world_size,
         }
         cfg.check_world_sizes(**sizes)
-        self._drop_channels()  # a second init_workers() starts with fresh channels
+        self._res.drop_channels()  # a second init_workers() starts with fresh channels
         run_id = uuid.uuid4().hex[:10]
         stages = cfg.rollout.pipeline_stage_num
-        keys = self.env.world_size * stages + 8
-        self._channels = {
-            name: Channel.create(
-                f"embodied-{run_id}-{name}",
-                max_keys=max(64, keys, self.actor.world_size + 8),
-            )
-            for name in ("rollout", "env", "actor")
-        }
+        keys = max(64, self.env.world_size * stages + 8, self.actor.world_size + 8)
+        for name in ("rollout", "env", "actor"):
+            self._res.channel(name, f"embodied-{run_id}-{name}", max_keys=keys)
         actor_dev, rollout_dev = _devices(self.actor), _devices(self.rollout)
         env_dev = _devices(self.env)
         self.collocated = bool(actor_dev & rollout_dev)
@@ -228,19 +216,10 @@ class EmbodiedRunner:
             stages,
             "; offload between phases" if offload_actor or offload_rollout else "",
         )
-        self._resume(self.cfg.runner.resume_dir if resume_dir is None else resume_dir)
+        resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
+        resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         self._initialized = True
-
-    def _resume(self, resume: str | Path | None) -> None:
-        path = resolve_resume_dir(resume, self.checkpoint_root)
-        if path is None:
-            if resume is not None:
-                _log.info(
-                    "runner.resume_dir=auto: no checkpoint in %s, starting fresh",
-                    self.checkpoint_root,
-                )
-            return
-        self.load_checkpoint(path)
+        startup.mark("init_workers")
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restores the actor, the envs, the env-step count and the step from ``path``.
@@ -252,12 +231,16 @@ class EmbodiedRunner:
             The restored global step.
         """
         path = Path(path)
+        allow = self.cfg.runner.allow_config_change
+        progress = load_run_state(path, self.cfg, allow_config_change=allow)
         steps = self._wait(
             [self.actor.load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
         )
         self.global_step = int(steps[0][0])
-        runner_state = json.loads((path / "runner.json").read_text())
-        self.total_env_steps = int(runner_state.get("total_env_steps", 0))
+        self.total_env_steps = progress.total_env_steps
+        self.restarts = max(self.restarts, progress.restarts)
+        if progress.rng is not None:
+            set_rng_state(progress.rng)
         _log.info("resumed from %s at step %d", path, self.global_step)
         return self.global_step
 
@@ -288,7 +271,7 @@ class EmbodiedRunner:
         Returns:
             ``env/*`` episode metrics, ``rollout/env_steps`` and the step's env steps/s.
         """
-        ch = self._channels
+        ch = self._res.channels
         start = time.perf_counter()
         results = self._wait(
             [
@@ -331,7 +314,7 @@ class EmbodiedRunner:
         if first:
             _log.info("first eval (step %d) ...", self.global_step)
         self.update_rollout_weights()
-        ch = self._channels
+        ch = self._res.channels
         results = self._wait(
             [
                 self.env.evaluate(ch["rollout"], ch["env"]),
@@ -346,24 +329,25 @@ class EmbodiedRunner:
         return metrics
 
     def save_checkpoint(self) -> Path:
-        """Writes ``checkpoints/global_step_N/`` (actor, env, runner state, then a marker).
+        """Writes ``checkpoints/global_step_N/`` (actor, env, progress and config, then a marker).
 
         Returns:
             The checkpoint folder.
         """
-        path = step_dir(self.checkpoint_root, self.global_step)
-        if path.exists():
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
-        self._wait(
-            [
-                self.actor.save_checkpoint(str(path), self.global_step),
-                self.env.save_checkpoint(str(path), self.global_step),
-            ]
-        )
-        state = {"global_step": self.global_step, "total_env_steps": self.total_env_steps}
-        (path / "runner.json").write_text(json.dumps(state))
-        mark_complete(path, self.global_step)
+        with new_checkpoint(self.checkpoint_root, self.global_step) as path:
+            self._wait(
+                [
+                    self.actor.save_checkpoint(str(path), self.global_step),
+                    self.env.save_checkpoint(str(path), self.global_step),
+                ]
+            )
+            progress = RunProgress(
+                global_step=self.global_step,
+                restarts=self.restarts,
+                total_env_steps=self.total_env_steps,
+                rng=rng_state(cuda=False),  # the driver leaves the GPUs to the workers
+            )
+            save_run_state(path, progress, self.cfg)
         return path
 
     def _worker_timings(self) -> dict[str, float]:
@@ -395,20 +379,13 @@ class EmbodiedRunner:
             self._run_attempt,
             groups=(self.actor, self.rollout, self.env),
             max_restarts=self.cfg.runner.max_restarts,
-            resume=self._after_relaunch,
-        )
-
-    def _after_relaunch(self, restarts: int) -> None:
-        """Rebuilds the relaunched workers from the newest checkpoint (else the configured one)."""
-        self.restarts = restarts
-        self.init_workers(
-            resume_dir=restart_resume_dir(self.checkpoint_root, self.cfg.runner.resume_dir)
+            resume=resume_from_newest(self, self.cfg.runner.resume_dir),
         )
 
     def _run_attempt(self) -> dict[str, float]:
         cfg = self.cfg.runner
         total = cfg.total_steps
-        logger = self._metric_logger()
+        logger = self._res.logger
         _log.info(
             "TensorBoard logs: %s (tensorboard --logdir %s)",
             self.tensorboard_dir,
@@ -420,6 +397,7 @@ class EmbodiedRunner:
             last = self.evaluate()
             last["time/eval"] = time.perf_counter() - start
             logger.log(last, step=0)
+            startup.mark("eval_before_train")
         bar = progress_bar(total=total, desc="embodied", unit="step", initial=self.global_step)
         try:
             while self.global_step < total:
@@ -434,6 +412,9 @@ class EmbodiedRunner:
         cfg = self.cfg.runner
         total = cfg.total_steps
         step_start = time.perf_counter()
+        started = startup.report()  # once per process: the first step begins
+        if started is not None:
+            _log.info(started[0])
         metrics: dict[str, float] = {"time/sync_weights": self.update_rollout_weights()}
         metrics.update(self.generate_rollouts())
         start = time.perf_counter()
@@ -473,48 +454,14 @@ class EmbodiedRunner:
         bar.update(1, **postfix)
         return metrics
 
-    def _metric_logger(self) -> MetricLogger:
-        if self._logger is None:
-            self._logger = MetricLogger.from_config(
-                self.cfg.runner.logger, run_config=self.cfg.model_dump(mode="json")
-            )
-        return self._logger
-
     # ------------------------------------------------------------------ teardown
-
-    def _close_channels(self) -> None:
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):  # already closed
-                channel.close()
 
     def close(self) -> None:
         """Closes the metric logger and removes the channels (idempotent).
 
         The worker groups belong to the caller: shut them down afterwards.
         """
-        if self._closed:
-            return
-        self._closed = True
-        if self._logger is not None:
-            self._logger.close()
-        self._drop_channels()
-
-    def _drop_channels(self) -> None:
-        self._close_channels()
-        for channel in self._channels.values():
-            channel.unlink()
-        self._channels = {}
-
-    def __enter__(self) -> EmbodiedRunner:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        self._res.close()
 
 
 def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:

@@ -21,32 +21,25 @@ the actor reports the versions it trained on).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import shutil
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
-import torch
 
-from rlinf.core.channel import Channel
+from rlinf.core import startup
 from rlinf.core.checkpoint import (
     find_latest_checkpoint,
-    mark_complete,
-    resolve_resume_dir,
-    restart_resume_dir,
+    new_checkpoint,
+    resume_from,
     rng_state,
     set_rng_state,
-    step_dir,
 )
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.logging import get_logger
-from rlinf.core.metrics import MetricLogger
 from rlinf.core.progress import progress_bar, rate_postfix
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.protocols.workers import (
@@ -55,12 +48,14 @@ from rlinf.core.protocols.workers import (
     ReasoningRolloutWorker,
     check_implements,
 )
+from rlinf.core.run_resources import RunResources
+from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
 from rlinf.sched import Cluster, Worker, WorkerGroup, launch_groups, wait_all
 from rlinf.sched.placement import ModelParallelComponentPlacement
-from rlinf.sched.recovery import run_with_restarts
+from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
 
@@ -130,7 +125,7 @@ def launch_reasoning_groups(
     return placement, actor, rollout, reward
 
 
-class ReasoningRunner:
+class ReasoningRunner(ClosesOnExit):
     """Drives GRPO training of launched actor, rollout and reward groups.
 
     Args:
@@ -158,12 +153,9 @@ class ReasoningRunner:
         *,
         collocated: bool = False,
     ) -> None:
-        for group, role in (
-            (actor, ReasoningActorWorker),
-            (rollout, ReasoningRolloutWorker),
-            (reward, ReasoningRewardWorker),
-        ):
-            check_implements(group.worker_cls, role)
+        check_implements(actor.worker_cls, ReasoningActorWorker)
+        check_implements(rollout.worker_cls, ReasoningRolloutWorker)
+        check_implements(reward.worker_cls, ReasoningRewardWorker)
         self.cfg = cfg
         self.actor, self.rollout, self.reward = actor, rollout, reward
         self.collocated = collocated
@@ -179,8 +171,7 @@ class ReasoningRunner:
         """What each weight sync reported (actor side and rollout side)."""
         self.experiment_dir = cfg.runner.logger.experiment_dir
         self.checkpoint_root = self.experiment_dir / "checkpoints"
-        self._channels: list[Channel] = []
-        self._logger: MetricLogger | None = None
+        self._res = RunResources(cfg.runner.logger, cfg)
         self._initialized = False
         self._evaluated = False
 
@@ -197,6 +188,9 @@ class ReasoningRunner:
             rlinf.sched.WorkerError: A worker failed to start (names group and rank).
         """
         cfg = self.cfg
+        self._initialized = False  # also after a relaunch: state comes from the checkpoint
+        self.global_step = 0
+        self.synced_version = None
         _check_model_dir(cfg.actor.model_path, "actor.model_path")
         if cfg.rollout.model_path is not None:
             _check_model_dir(cfg.rollout.model_path, "rollout.model_path")
@@ -241,31 +235,16 @@ class ReasoningRunner:
             "collocated" if self.collocated else "disaggregated",
             total,
         )
-        self._drop_channels()  # a second init_workers() starts with fresh channels
+        self._res.drop_channels()  # a second init_workers() starts with fresh channels
         tag = f"rlinf-reasoning-{uuid.uuid4().hex[:10]}"
-        self.requests = self._channel(f"{tag}.requests")
-        self.generated = self._channel(f"{tag}.rollout")
-        self.rewarded = self._channel(f"{tag}.reward")
-        self._resume(self.cfg.runner.resume_dir if resume_dir is None else resume_dir)
+        items = max(4096, 4 * self.cfg.algorithm.rollout_batch_size)
+        self.requests = self._res.channel("requests", f"{tag}.requests", max_items=items)
+        self.generated = self._res.channel("rollout", f"{tag}.rollout", max_items=items)
+        self.rewarded = self._res.channel("reward", f"{tag}.reward", max_items=items)
+        resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
+        resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         self._initialized = True
-
-    def _channel(self, name: str) -> Channel:
-        channel = Channel.create(
-            name, max_items=max(4096, 4 * self.cfg.algorithm.rollout_batch_size)
-        )
-        self._channels.append(channel)
-        return channel
-
-    def _resume(self, resume: str | Path | None) -> None:
-        path = resolve_resume_dir(resume, self.checkpoint_root)
-        if path is None:
-            if resume is not None:
-                _log.info(
-                    "runner.resume_dir=auto: no checkpoint in %s; starting fresh",
-                    self.checkpoint_root,
-                )
-            return
-        self.load_checkpoint(path)
+        startup.mark("init_workers")
 
     # ------------------------------------------------------------------ data
     def _next_indices(self) -> list[int]:
@@ -330,17 +309,6 @@ class ReasoningRunner:
         return report
 
     # ------------------------------------------------------------------ step
-    def _close_channels(self) -> None:
-        for channel in self._channels:
-            with contextlib.suppress(Exception):
-                channel.close()
-
-    def _drop_channels(self) -> None:
-        self._close_channels()
-        for channel in self._channels:
-            with contextlib.suppress(Exception):
-                channel.unlink()
-        self._channels = []
 
     def train_step(self) -> dict[str, float]:
         """Runs one GRPO step (sync, rollout, reward, training) and returns its metrics.
@@ -371,7 +339,7 @@ class ReasoningRunner:
                 self.actor.run_training(self.rewarded, step),
             ],
             cfg.runner.step_timeout_s,
-            on_error=self._close_channels,
+            on_error=self._res.close_channels,
             hint=_TIMEOUT_HINT,
         )
         t_end = time.perf_counter()
@@ -495,28 +463,22 @@ class ReasoningRunner:
             self._run_attempt,
             groups=(self.actor, self.rollout, self.reward),
             max_restarts=self.cfg.runner.max_restarts,
-            resume=self._after_relaunch,
-        )
-
-    def _after_relaunch(self, restarts: int) -> None:
-        """Rebuilds the relaunched workers from the newest checkpoint (else the configured one)."""
-        self.restarts = restarts
-        self._initialized = False
-        self.global_step = 0
-        self.synced_version = None
-        self.init_workers(
-            resume_dir=restart_resume_dir(self.checkpoint_root, self.cfg.runner.resume_dir)
+            resume=resume_from_newest(self, self.cfg.runner.resume_dir),
         )
 
     def _run_attempt(self) -> dict[str, float]:
         cfg = self.cfg
-        logger = self._metric_logger()
+        logger = self._res.logger
         last: dict[str, float] = {}
         interval = cfg.runner.val_check_interval
         if self.val_set is not None and cfg.runner.val_before_train and self.global_step == 0:
             last = self.evaluate()
             logger.log(last, step=0)
             self.metrics_history.append(dict(last, step=0.0))
+            startup.mark("eval_before_train")
+        started = startup.report()  # once per process: the first step begins
+        if started is not None:
+            _log.info(started[0])
         with progress_bar(
             total=self.total_steps, desc="GRPO", unit="step", initial=self.global_step
         ) as bar:
@@ -548,13 +510,6 @@ class ReasoningRunner:
         logger.flush()
         return last
 
-    def _metric_logger(self) -> MetricLogger:
-        if self._logger is None:
-            self._logger = MetricLogger.from_config(
-                self.cfg.runner.logger, run_config=self.cfg.model_dump(mode="json")
-            )
-        return self._logger
-
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         """Writes ``checkpoints/global_step_N`` (actor state, sampler, RNG, step).
@@ -563,22 +518,15 @@ class ReasoningRunner:
             The checkpoint directory.
         """
         step = self.global_step
-        path = step_dir(self.checkpoint_root, step)
-        if path.exists():
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
-        self.actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
-        state = {
-            "global_step": step,
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(cuda=False),  # the driver leaves the GPUs to the workers
-        }
-        torch.save(state, path / "runner.pt")
-        (path / "runner.json").write_text(
-            json.dumps({"global_step": step, "sampler": self.sampler.state_dict()}, indent=2) + "\n"
-        )
-        mark_complete(path, step)
-        _log.info("saved checkpoint %s", path)
+        with new_checkpoint(self.checkpoint_root, step) as path:
+            self.actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
+            progress = RunProgress(
+                global_step=step,
+                restarts=self.restarts,
+                data_cursor=self.sampler.state_dict(),
+                rng=rng_state(cuda=False),  # the driver leaves the GPUs to the workers
+            )
+            save_run_state(path, progress, self.cfg)
         return path
 
     def load_checkpoint(self, path: str | Path) -> int:
@@ -591,16 +539,20 @@ class ReasoningRunner:
             The restored global step.
         """
         path = Path(path)
-        state = torch.load(path / "runner.pt", weights_only=False)
+        allow = self.cfg.runner.allow_config_change
+        progress = load_run_state(path, self.cfg, allow_config_change=allow)
         steps = self.actor.load_checkpoint(str(path)).wait(self.cfg.runner.step_timeout_s)
-        if any(s != state["global_step"] for s in steps):
+        if any(s != progress.global_step for s in steps):
             raise RuntimeError(
-                f"checkpoint {path}: actor step {steps} != runner step {state['global_step']}"
+                f"checkpoint {path}: actor step {steps} != runner step {progress.global_step}"
             )
-        self.sampler.load_state_dict(state["sampler"])
+        if progress.data_cursor is not None:
+            self.sampler.load_state_dict(progress.data_cursor)
         self._order = iter(self.sampler)
-        set_rng_state(state["rng"])
-        self.global_step = int(state["global_step"])
+        if progress.rng is not None:
+            set_rng_state(progress.rng)
+        self.global_step = progress.global_step
+        self.restarts = max(self.restarts, progress.restarts)
         self.synced_version = None
         _log.info("resumed from %s at step %d", path, self.global_step)
         return self.global_step
@@ -612,10 +564,7 @@ class ReasoningRunner:
         The worker groups belong to the caller: shut them down afterwards (or
         call :meth:`shutdown`, which does both).
         """
-        if self._logger is not None:
-            self._logger.close()
-            self._logger = None
-        self._drop_channels()
+        self._res.close()
 
     def shutdown(self, groups: bool = True) -> None:
         """:meth:`close`, then shuts the worker groups down (default).
@@ -627,17 +576,6 @@ class ReasoningRunner:
         if groups:
             for group in (self.actor, self.rollout, self.reward):
                 group.shutdown()
-
-    def __enter__(self) -> ReasoningRunner:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _check_model_dir(path: Path, key: str) -> None:

@@ -17,13 +17,15 @@ the worker start-up (seconds) and the steps since the last checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
+from rlinf.core.checkpoint import restart_resume_dir
 from rlinf.core.logging import get_logger
 from rlinf.sched.launch import relaunch_groups
 from rlinf.sched.worker import WorkerDiedError, WorkerGroup
 
-__all__ = ["find_dead_rank", "run_with_restarts"]
+__all__ = ["find_dead_rank", "resume_from_newest", "run_with_restarts"]
 
 _T = TypeVar("_T")
 _log = get_logger("rlinf.sched.recovery")
@@ -92,3 +94,35 @@ def run_with_restarts(
             )
             relaunch_groups(groups)
             resume(restarts)
+
+
+class Restartable(Protocol):
+    """What :func:`resume_from_newest` needs of a runner."""
+
+    restarts: int
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where the run's ``global_step_N`` folders are."""
+
+    def init_workers(self, resume_dir: str | Path | None = None) -> None:
+        """Rebuilds every worker's state, resuming from ``resume_dir``."""
+
+
+def resume_from_newest(runner: Restartable, configured: str | Path | None) -> Callable[[int], None]:
+    """The ``resume`` of :func:`run_with_restarts` for a runner.
+
+    After a relaunch it records the restart count on the runner and calls its
+    ``init_workers`` with the newest intact checkpoint of the run (if none was
+    saved yet, the configured ``runner.resume_dir``; else a fresh start).
+
+    Args:
+        runner: The runner whose groups were relaunched.
+        configured: ``runner.resume_dir``.
+    """
+
+    def resume(restarts: int) -> None:
+        runner.restarts = restarts
+        runner.init_workers(resume_dir=restart_resume_dir(runner.checkpoint_root, configured))
+
+    return resume

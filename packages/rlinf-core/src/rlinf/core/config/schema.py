@@ -58,6 +58,11 @@ class RunnerConfig(RLinfModel):
     resume_dir: Path | Literal["auto"] | None = Field(
         None, description="Checkpoint folder to resume from, 'auto' for the latest, or null."
     )
+    allow_config_change: bool = Field(
+        False,
+        description="Resume even if seeds, batch sizes or group sizes differ from the "
+        "checkpoint's config (the changes are logged); false refuses such a resume.",
+    )
     max_restarts: int = Field(
         0,
         ge=0,

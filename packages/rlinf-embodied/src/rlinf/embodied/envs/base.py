@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec
 from rlinf.embodied.envs.config import EnvConfig
 from rlinf.embodied.envs.video import VideoRecorder
@@ -88,7 +88,7 @@ class StepResult:
     success: NDArray[Any] | None = None
 
 
-class VectorEnv(abc.ABC):
+class VectorEnv(abc.ABC, ClosesOnExit):
     """``num_envs`` environments stepped together in action chunks.
 
     Args:
@@ -422,17 +422,6 @@ class VectorEnv(abc.ABC):
             self._flush_unfinished_video()
         finally:
             self._close()
-
-    def __enter__(self) -> VectorEnv:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ helpers
 

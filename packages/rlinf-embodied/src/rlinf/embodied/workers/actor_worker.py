@@ -23,19 +23,14 @@ global step as version (:meth:`sync_model_to_rollout`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -50,11 +45,12 @@ from rlinf.core.algorithms import (
     value_loss,
 )
 from rlinf.core.channel import Channel
-from rlinf.core.checkpoint import rng_state, set_rng_state
 from rlinf.core.dist import clip_and_step, init_process_group, select_device
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
 from rlinf.core.seeding import derive_seed
+from rlinf.core.train_state import load_train_state, save_train_state
+from rlinf.core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBucket, send_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
@@ -65,6 +61,22 @@ from rlinf.embodied.workers.common import (
 from rlinf.sched import Worker
 
 __all__ = ["EmbodiedFSDPActor"]
+
+
+@dataclasses.dataclass
+class _TrainData:
+    """One rank's rollout batch flattened to ``[n = T * B, ...]`` on the actor's device."""
+
+    n: int
+    chunks: int
+    chunk_level: bool
+    inputs: dict[str, torch.Tensor]
+    old_logprobs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    mask: torch.Tensor
+    mask_sum: torch.Tensor | None
 
 
 class EmbodiedFSDPActor(Worker):
@@ -220,20 +232,20 @@ class EmbodiedFSDPActor(Worker):
             if self._offload
             else contextlib.nullcontext()
         )
+        groups: list[tuple[str, int | list[int]]] = [
+            (self.group_name, 0),
+            (self._rollout_group, list(range(self._rollout_world_size))),
+        ]
+
+        def send(bucket: WeightBucket) -> None:
+            timeout = self.cfg.runner.channel_timeout_s
+            self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
+
         with self.worker_timer("sync_weights"):
             with lock:
-                state = self.get_full_state_dict()
+                state = self.get_full_state_dict()  # gathered on rank 0
             if self.rank == 0:
-                groups: list[tuple[str, int | list[int]]] = [
-                    (self.group_name, 0),
-                    (self._rollout_group, list(range(self._rollout_world_size))),
-                ]
-                self.broadcast(
-                    (state, self.global_step),
-                    groups,
-                    src=(self.group_name, 0),
-                    timeout=self.cfg.runner.channel_timeout_s,
-                )
+                send_weights(list(state.items()), self.global_step, DEFAULT_BUCKET_BYTES, send)
         return self.global_step
 
     # ------------------------------------------------------------------ data
@@ -378,105 +390,132 @@ class EmbodiedFSDPActor(Worker):
     def _train(
         self, model: BasePolicy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
     ) -> dict[str, float]:
+        """Update epochs: shuffled minibatches, each micro-steps then one optimizer step."""
         cfg, alg = self.cfg, self.cfg.algorithm
+        data = self._flatten(batch)
+        per_rank = cfg.actor.global_batch_size // self.world_size
+        if data.n % per_rank != 0:
+            raise ValueError(
+                f"actor.global_batch_size={cfg.actor.global_batch_size}: this rank holds "
+                f"{data.n} samples but its share of a global batch is {per_rank}; make "
+                f"{per_rank} divide {data.n}"
+            )
+        micro = cfg.actor.micro_batch_size
+        accum = per_rank // micro
+        means = MetricMeans()  # stays on the device until the step ends
+        skipped = 0
+        for epoch in range(alg.update_epoch):
+            # A fresh permutation per epoch, seeded by (step, epoch, rank): resumable.
+            generator = torch.Generator().manual_seed(
+                derive_seed(cfg.actor.seed, self.global_step, epoch, self.rank)
+            )
+            perm = torch.randperm(data.n, generator=generator)
+            for start in range(0, data.n, per_rank):
+                minibatch = perm[start : start + per_rank]
+                # Gradient accumulation: FSDP syncs gradients on the last micro-step only.
+                optimizer.zero_grad(set_to_none=True)
+                for k in range(accum):
+                    if isinstance(model, FSDPModule):
+                        model.set_requires_gradient_sync(k == accum - 1)
+                    idx = minibatch[k * micro : (k + 1) * micro]
+                    means.add(self._micro_step(model, data, idx, accum))
+                # One optimizer step; a non-finite global norm skips it (counted).
+                norms, stepped = clip_and_step(optimizer, cfg.actor.optim.clip_grad)
+                means.add(norms)
+                skipped += not stepped
+        optimizer.zero_grad(set_to_none=True)
+        return self._train_metrics(optimizer, means, skipped, data)
+
+    def _flatten(self, batch: RolloutBatch) -> _TrainData:
+        """The batch as ``[T * B, ...]`` tensors on the device, gathered from every micro-step."""
+        alg = self.cfg.algorithm
         traj = batch.trajectory
         assert batch.advantages is not None and batch.loss_mask is not None
-        t, b, c = traj.rewards.shape
-        n = t * b
-        critic = alg.loss_type == "actor_critic"
+        t, b, chunks = traj.rewards.shape
+        n, dev = t * b, self.device
         chunk_level = alg.reward_type == "chunk_level"
-        dev = self.device
-        # On the device once: every micro-batch of every epoch gathers from it.
-        fwd = {k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()}
-        old_logprobs = _per_chunk_logprobs(traj.prev_logprobs.reshape(n, -1), c, chunk_level)
-        old_logprobs = old_logprobs.to(dev)
+        old_logprobs = _per_chunk_logprobs(traj.prev_logprobs.reshape(n, -1), chunks, chunk_level)
         old_values = traj.prev_values[:-1].reshape(n, -1)
         if chunk_level:
             old_values = old_values[:, :1]
-        old_values = old_values.to(dev)
-        advantages = batch.advantages.reshape(n, -1).to(dev)
         mask = batch.loss_mask.reshape(n, -1).to(dev)
-        returns = batch.returns.reshape(n, -1).to(dev) if batch.returns is not None else None
         mask_sum = None
         if alg.loss_agg_mode == "episode-length-norm":
             per_env = batch.loss_mask.reshape(t, b, -1).sum(dim=(0, 2))
             mask_sum = per_env.view(1, b, 1).expand(t, b, mask.shape[-1]).reshape(n, -1).to(dev)
+        return _TrainData(
+            n=n,
+            chunks=chunks,
+            chunk_level=chunk_level,
+            inputs={k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()},
+            old_logprobs=old_logprobs.to(dev),
+            old_values=old_values.to(dev),
+            advantages=batch.advantages.reshape(n, -1).to(dev),
+            returns=None if batch.returns is None else batch.returns.reshape(n, -1).to(dev),
+            mask=mask,
+            mask_sum=mask_sum,
+        )
 
-        world = self.world_size
-        per_rank = cfg.actor.global_batch_size // world
-        micro = cfg.actor.micro_batch_size
-        if n % per_rank != 0:
-            raise ValueError(
-                f"actor.global_batch_size={cfg.actor.global_batch_size}: this rank holds {n} "
-                f"samples but its share of a global batch is {per_rank}; make {per_rank} "
-                f"divide {n}"
+    def _micro_step(
+        self, model: BasePolicy, data: _TrainData, idx: torch.Tensor, accum: int
+    ) -> dict[str, Any]:
+        """Forward, loss and backward (scaled by 1/accum) of one micro-batch; its metrics."""
+        alg = self.cfg.algorithm
+        critic = alg.loss_type == "actor_critic"
+        out = model(
+            {key: v[idx] for key, v in data.inputs.items()},
+            compute_logprobs=True,
+            compute_entropy=True,
+            compute_values=critic,
+        )
+        mask = data.mask[idx]
+        mask_sum = data.mask_sum[idx] if data.mask_sum is not None else None
+        # Clipped surrogate on the (chunk-level or per-step) log-probabilities.
+        loss, metrics = get_policy_loss(alg.loss_type)(
+            logprobs=_per_chunk_logprobs(out["logprobs"], data.chunks, data.chunk_level),
+            old_logprobs=data.old_logprobs[idx],
+            advantages=data.advantages[idx],
+            loss_mask=mask,
+            clip_ratio_low=alg.clip_ratio_low,
+            clip_ratio_high=alg.clip_ratio_high,
+            loss_agg_mode=alg.loss_agg_mode,
+            loss_mask_sum=mask_sum,
+            max_episode_steps=self._max_episode_steps,
+        )
+        if critic:
+            # Clipped value loss against the GAE returns.
+            assert data.returns is not None
+            values = out["values"][:, :1] if data.chunk_level else out["values"]
+            vloss, value_metrics = value_loss(
+                values,
+                data.old_values[idx],
+                data.returns[idx],
+                mask,
+                alg.value_clip,
+                alg.loss_agg_mode,
+                huber_delta=alg.huber_delta,
+                mask_sum=mask_sum,
+                max_episode_steps=self._max_episode_steps,
             )
-        accum = per_rank // micro
-        policy_loss = get_policy_loss(alg.loss_type)
-        means = MetricMeans()  # stays on the device until the step ends
-        record = means.add
+            loss = loss + vloss
+            metrics.update(value_metrics)
+        # Entropy bonus (logged either way).
+        entropy = masked_mean(
+            _per_chunk_logprobs(out["entropy"], data.chunks, data.chunk_level), mask
+        )
+        if alg.entropy_bonus > 0:
+            loss = loss - alg.entropy_bonus * entropy
+        torch.autograd.backward(loss / accum)
+        return {
+            **metrics,
+            "actor/entropy_loss": entropy.detach(),
+            "actor/total_loss": loss.detach(),
+        }
 
-        skipped = 0
-        for epoch in range(alg.update_epoch):
-            generator = torch.Generator().manual_seed(
-                derive_seed(cfg.actor.seed, self.global_step, epoch, self.rank)
-            )
-            perm = torch.randperm(n, generator=generator)
-            for start in range(0, n, per_rank):
-                minibatch = perm[start : start + per_rank]
-                optimizer.zero_grad(set_to_none=True)
-                for k in range(accum):
-                    idx = minibatch[k * micro : (k + 1) * micro]
-                    if isinstance(model, FSDPModule):
-                        model.set_requires_gradient_sync(k == accum - 1)
-                    out = model(
-                        {key: v[idx] for key, v in fwd.items()},
-                        compute_logprobs=True,
-                        compute_entropy=True,
-                        compute_values=critic,
-                    )
-                    logprobs = _per_chunk_logprobs(out["logprobs"], c, chunk_level)
-                    m = mask[idx]
-                    m_sum = mask_sum[idx] if mask_sum is not None else None
-                    loss, pm = policy_loss(
-                        logprobs=logprobs,
-                        old_logprobs=old_logprobs[idx],
-                        advantages=advantages[idx],
-                        loss_mask=m,
-                        clip_ratio_low=alg.clip_ratio_low,
-                        clip_ratio_high=alg.clip_ratio_high,
-                        loss_agg_mode=alg.loss_agg_mode,
-                        loss_mask_sum=m_sum,
-                        max_episode_steps=self._max_episode_steps,
-                    )
-                    record(pm)
-                    if critic:
-                        assert returns is not None
-                        values = out["values"][:, :1] if chunk_level else out["values"]
-                        vloss, vm = value_loss(
-                            values,
-                            old_values[idx],
-                            returns[idx],
-                            m,
-                            alg.value_clip,
-                            alg.loss_agg_mode,
-                            huber_delta=alg.huber_delta,
-                            mask_sum=m_sum,
-                            max_episode_steps=self._max_episode_steps,
-                        )
-                        loss = loss + vloss
-                        record(vm)
-                    entropy = masked_mean(_per_chunk_logprobs(out["entropy"], c, chunk_level), m)
-                    if alg.entropy_bonus > 0:
-                        loss = loss - alg.entropy_bonus * entropy
-                    record(
-                        {"actor/entropy_loss": entropy.detach(), "actor/total_loss": loss.detach()}
-                    )
-                    torch.autograd.backward(loss / accum)
-                norms, stepped = clip_and_step(optimizer, cfg.actor.optim.clip_grad)
-                record(norms)
-                skipped += not stepped
-        optimizer.zero_grad(set_to_none=True)
+    def _train_metrics(
+        self, optimizer: torch.optim.Optimizer, means: MetricMeans, skipped: int, data: _TrainData
+    ) -> dict[str, float]:
+        """``train/*`` metrics: micro-batch means averaged over ranks, skips, LRs, EV."""
         metrics = {f"train/{k}": v for k, v in means.means().items()}
         keys = sorted(metrics)
         reduced = self._all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64))
@@ -485,45 +524,28 @@ class EmbodiedFSDPActor(Worker):
         metrics["train/actor/skipped_steps"] = float(skipped)
         for group in optimizer.param_groups:
             metrics[f"train/{group.get('name', 'actor')}/lr"] = float(group["lr"])
-        if critic and returns is not None:
+        if self.cfg.algorithm.loss_type == "actor_critic" and data.returns is not None:
             metrics["train/critic/explained_variance"] = explained_variance(
-                old_values, returns, mask, all_reduce=self._all_reduce
+                data.old_values, data.returns, data.mask, all_reduce=self._all_reduce
             )
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        """Writes model, optimizer, scheduler, step (rank 0) and RNG states (every rank).
+        """Writes model and optimizer shards, scheduler, step and RNG under ``path/actor``.
 
-        Collective over actor ranks. Files: ``path/actor/state.pt`` and
-        ``path/actor/rng_rank{r}.pt``.
+        Collective over actor ranks; the layout is :mod:`rlinf.core.train_state`'s.
 
         Args:
             path: The checkpoint folder (``.../global_step_N``).
             step: The global step.
         """
         model, optimizer, scheduler = self._parts()
-        folder = Path(path) / "actor"
-        folder.mkdir(parents=True, exist_ok=True)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        with self.worker_timer("save_checkpoint"):
-            with self.device_phase(lock=False, offload=self._offload):
-                model_state = get_model_state_dict(model, options=options)
-                optim_state = get_optimizer_state_dict(model, optimizer, options=options)
-            if self.rank == 0:
-                torch.save(
-                    {
-                        "model": model_state,
-                        "optimizer": optim_state,
-                        "scheduler": scheduler.state_dict(),
-                        "global_step": step,
-                    },
-                    folder / "state.pt",
-                )
-            torch.save(rng_state(), folder / f"rng_rank{self.rank}.pt")
-            if self.world_size > 1:
-                dist.barrier()
+        extra = {"step": step, "scheduler": scheduler.state_dict()}
+        phase = self.device_phase(lock=False, offload=self._offload)
+        with self.worker_timer("save_checkpoint"), phase:
+            save_train_state(Path(path) / "actor", model, optimizer, extra)
 
     def load_checkpoint(self, path: str) -> int:
         """Restores what :meth:`save_checkpoint` wrote.
@@ -535,17 +557,10 @@ class EmbodiedFSDPActor(Worker):
             The global step it was saved at.
         """
         model, optimizer, scheduler = self._parts()
-        folder = Path(path) / "actor"
-        state = torch.load(folder / "state.pt", weights_only=False, map_location="cpu")
-        options = StateDictOptions(full_state_dict=True)
         with self.device_phase(lock=False, offload=self._offload):
-            set_model_state_dict(model, state["model"], options=options)
-            set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
-        scheduler.load_state_dict(state["scheduler"])
-        rng_file = folder / f"rng_rank{self.rank}.pt"
-        if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        self.global_step = int(state["global_step"])
+            extra = load_train_state(Path(path) / "actor", model, optimizer)
+        scheduler.load_state_dict(extra["scheduler"])
+        self.global_step = int(extra["step"])
         return self.global_step
 
 

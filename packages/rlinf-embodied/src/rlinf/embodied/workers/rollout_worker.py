@@ -24,6 +24,7 @@ from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput
 from rlinf.core.seeding import derive_seed
+from rlinf.core.weight_sync import WeightBucket, receive_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
@@ -105,14 +106,18 @@ class MultiStepRolloutWorker(Worker):
             (self._actor_group, 0),
             (self.group_name, list(range(self.world_size))),
         ]
-        with self.worker_timer("sync_weights"):
-            state, version = self.broadcast(
-                None,
-                groups,
-                src=(self._actor_group, 0),
-                timeout=self.cfg.runner.channel_timeout_s,
+        state: dict[str, torch.Tensor] = {}
+
+        def receive() -> WeightBucket:
+            timeout = self.cfg.runner.channel_timeout_s
+            bucket: WeightBucket = self.broadcast(
+                None, groups, src=(self._actor_group, 0), timeout=timeout
             )
-            policy.load_state_dict(state, strict=True)
+            return bucket
+
+        with self.worker_timer("sync_weights"):
+            version, _, _ = receive_weights(receive, lambda b: state.update(b.tensors))
+            policy.load_state_dict(state, strict=True)  # names every missing or extra weight
         self.version = int(version)
         return self.version
 

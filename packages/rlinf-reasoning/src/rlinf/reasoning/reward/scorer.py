@@ -41,11 +41,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, wait
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal
 
 from pebble import ProcessExpired, ProcessPool
 
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.logging import get_logger
 from rlinf.reasoning.reward.config import RewardConfig
 from rlinf.reasoning.reward.math_verifier import verify
@@ -141,7 +141,7 @@ def _worker_processes(pool: ProcessPool) -> list[Any]:
     return []
 
 
-class MathRewardScorer:
+class MathRewardScorer(ClosesOnExit):
     r"""Score math responses against references in a process pool, with a hard timeout.
 
     A response scores ``correct * reward_scale`` when its final answer matches any of
@@ -266,17 +266,6 @@ class MathRewardScorer:
         self._closed = True
         self._state.stop()
         self._finalizer.detach()
-
-    def __enter__(self) -> MathRewardScorer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _pool(self) -> ProcessPool:
         """The live pool; a new one (started and warm) when there is none or it broke."""

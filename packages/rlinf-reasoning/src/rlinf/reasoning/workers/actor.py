@@ -23,7 +23,7 @@ the step's prompt groups from a channel, *as they arrive*:
 
 Weights reach the rollout in buckets (:meth:`sync_model_to_rollout`): the full
 tensors are gathered over the actor ranks and rank 0 broadcasts one
-:class:`~rlinf.reasoning.workers.common.WeightBucket` of at most
+:class:`~rlinf.core.weight_sync.WeightBucket` of at most
 ``actor.sync_bucket_mb`` to every rollout rank per call.
 """
 
@@ -52,11 +52,12 @@ from rlinf.core.algorithms import (
     truncated_is_weights,
 )
 from rlinf.core.channel import Channel
-from rlinf.core.checkpoint import rng_state, set_rng_state
 from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.core.seeding import derive_seed
+from rlinf.core.train_state import load_train_state, save_train_state
+from rlinf.core.weight_sync import WeightBucket, send_weights
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.models import (
     compute_token_logprobs,
@@ -65,7 +66,7 @@ from rlinf.reasoning.models import (
     resolve_dtype,
 )
 from rlinf.reasoning.workers.batch import Sample, pack_samples, pad_rows
-from rlinf.reasoning.workers.common import WeightBucket, setup_torch_threads
+from rlinf.reasoning.workers.common import setup_torch_threads
 from rlinf.sched import Worker
 
 __all__ = ["FSDPActor"]
@@ -233,40 +234,25 @@ class FSDPActor(Worker):
         )
         with phase:
             named = self._named_weights()
-            cap = self.cfg.actor.sync_bucket_mb * _MIB
-            plan: list[list[tuple[str, torch.Tensor]]] = [[]]
-            size = 0
-            for name, tensor in named:
-                nbytes = tensor.numel() * tensor.element_size()
-                if plan[-1] and size + nbytes > cap:
-                    plan.append([])
-                    size = 0
-                plan[-1].append((name, tensor))
-                size += nbytes
             groups: list[tuple[str, int | list[int]]] = [
                 (self.group_name, 0),
                 (rollout_group, list(range(rollout_world_size))),
             ]
-            total = 0
-            with torch.no_grad():
-                for index, entries in enumerate(plan):
-                    # Every rank joins the all-gathers; only rank 0 copies and sends.
-                    full = [(n, full_tensor(t).detach()) for n, t in entries]
-                    total += sum(t.numel() * t.element_size() for _, t in full)
-                    if self.rank == 0:
-                        tensors = [(n, t.to("cpu", copy=True)) for n, t in full]
-                        bucket = WeightBucket(version, index, len(plan), tensors)
-                        self.broadcast(
-                            bucket,
-                            groups,
-                            src=(self.group_name, 0),
-                            timeout=self.cfg.runner.channel_timeout_s,
-                        )
+
+            def send(bucket: WeightBucket) -> None:
+                timeout = self.cfg.runner.channel_timeout_s
+                self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
+
+            cap = int(self.cfg.actor.sync_bucket_mb * _MIB)
+            # Every rank joins the all-gathers; only rank 0 copies and sends.
+            buckets, total = send_weights(
+                named, version, cap, send if self.rank == 0 else None, gather=full_tensor
+            )
             self.version = version
             self.num_syncs += 1
         return {
             "version": version,
-            "num_buckets": len(plan),
+            "num_buckets": buckets,
             "num_tensors": len(named),
             "bytes": total,
             "seconds": time.perf_counter() - start,
@@ -289,25 +275,16 @@ class FSDPActor(Worker):
         packed = pack_samples(
             [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
         ).to(self.device)
+        inputs = (model, packed.input_ids, packed.attention_mask)
+        options: dict[str, Any] = {
+            "response_start": packed.response_start,
+            "temperature": self.temperature,
+            "response_mask": packed.response_mask,
+        }
         if with_entropy:
-            lp, ent = compute_token_logprobs_and_entropy(
-                model,
-                packed.input_ids,
-                packed.attention_mask,
-                response_start=packed.response_start,
-                temperature=self.temperature,
-                response_mask=packed.response_mask,
-            )
+            lp, ent = compute_token_logprobs_and_entropy(*inputs, **options)
             return lp, ent, packed.response_mask
-        lp = compute_token_logprobs(
-            model,
-            packed.input_ids,
-            packed.attention_mask,
-            response_start=packed.response_start,
-            temperature=self.temperature,
-            response_mask=packed.response_mask,
-        )
-        return lp, None, packed.response_mask
+        return compute_token_logprobs(*inputs, **options), None, packed.response_mask
 
     def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
         size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
@@ -643,23 +620,17 @@ class FSDPActor(Worker):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
-            get_state_dict,
         )
-        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         root = Path(path) / "actor"
-        root.mkdir(parents=True, exist_ok=True)
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            msd, osd = get_state_dict(self.model, self.optimizer)
-            dcp_save({"model": msd, "optim": osd}, checkpoint_id=str(root / "dcp"))
             extra = {
                 "step": step,
                 "version": self.version,
                 "optim_steps": self._optim_steps,
                 "scheduler": self.scheduler.state_dict(),
-                "rng": rng_state(),
             }
-            torch.save(extra, root / f"extra_rank{self.rank}.pt")
+            save_train_state(root, self.model, self.optimizer, extra)
             full = get_model_state_dict(
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
@@ -690,30 +661,11 @@ class FSDPActor(Worker):
         Raises:
             FileNotFoundError: If the actor state is missing.
         """
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-
-        root = Path(path) / "actor"
-        if not (root / "dcp").is_dir():
-            raise FileNotFoundError(f"no actor state in {str(root)!r} (expected {root / 'dcp'})")
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            msd, osd = get_state_dict(self.model, self.optimizer)
-            state: dict[str, Any] = {"model": msd, "optim": osd}
-            dcp_load(state, checkpoint_id=str(root / "dcp"))
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-            )
-        extra_path = root / f"extra_rank{self.rank}.pt"
-        if not extra_path.is_file():
-            extra_path = root / "extra_rank0.pt"
-        extra = torch.load(extra_path, weights_only=False)
+            extra = load_train_state(Path(path) / "actor", self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = int(extra["version"])
         self._optim_steps = int(extra["optim_steps"])
-        set_rng_state(extra["rng"])
         return int(extra["step"])
 
     def stage_times(self) -> list[dict[str, float]]:

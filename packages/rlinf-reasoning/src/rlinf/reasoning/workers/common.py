@@ -1,42 +1,21 @@
-"""Helpers shared by the reasoning workers: process setup, devices, the weight-sync message."""
+"""Helpers shared by the reasoning workers: process setup, tokenizer loading."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from rlinf.core.weight_sync import WeightBucket
+
 __all__ = [
-    "WeightBucket",
+    "WeightBucket",  # re-exported from rlinf.core.weight_sync
     "load_tokenizer",
     "setup_torch_threads",
 ]
-
-
-@dataclass
-class WeightBucket:
-    """One bucket of a weight sync: Hugging Face names and full (unsharded) tensors.
-
-    Attributes:
-        version: Weight version being synced (the global step the weights start).
-        index: Position of this bucket, ``0..count-1``.
-        count: Buckets in this sync.
-        tensors: ``(name, tensor)`` pairs, CPU tensors.
-    """
-
-    version: int
-    index: int
-    count: int
-    tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)
-
-    @property
-    def nbytes(self) -> int:
-        """Payload bytes."""
-        return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
 
 def setup_torch_threads(threads: int) -> None:

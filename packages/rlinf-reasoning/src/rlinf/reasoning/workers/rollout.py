@@ -24,10 +24,10 @@ from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.seeding import derive_seed
+from rlinf.core.weight_sync import WeightBucket, check_complete, receive_weights
 from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
 from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
 from rlinf.reasoning.workers.common import (
-    WeightBucket,
     load_tokenizer,
     setup_torch_threads,
 )
@@ -125,45 +125,39 @@ class RolloutWorker(Worker):
             (self.group_name, list(range(self.world_size))),
         ]
         check = self.num_syncs == 0 and self.cfg.rollout.validate_weight_first_sync
-        received: set[str] = set()
+        dtype = getattr(engine, "dtype", None)
         worst = 0.0
-        buckets = 0
-        version = engine.version
-        while True:
+
+        def receive() -> WeightBucket:
+            timeout = self.cfg.runner.channel_timeout_s
             bucket: WeightBucket = self.broadcast(
-                None, groups, src=(actor_group, 0), timeout=self.cfg.runner.channel_timeout_s
+                None, groups, src=(actor_group, 0), timeout=timeout
             )
+            return bucket
+
+        def load(bucket: WeightBucket) -> None:
+            nonlocal worst
             engine.load_weights(bucket.tensors, version=bucket.version)
             self.load_calls += 1
-            buckets += 1
-            version = bucket.version
             if check:
-                dtype = getattr(engine, "dtype", None)
-                worst = max(
-                    worst,
-                    engine.weights_max_abs_diff(
-                        [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
-                    ),
-                )
-                received.update(n for n, _ in bucket.tensors)
-            if bucket.index == bucket.count - 1:
-                break
-        if check:
-            model = getattr(engine, "model", None)
-            if model is not None:
-                missing = sorted(n for n, _ in model.named_parameters() if n not in received)
-                if missing:
-                    raise RuntimeError(
-                        f"weight sync v{version}: the actor sent no value for engine "
-                        f"parameter(s) {missing[:5]}{'...' if len(missing) > 5 else ''}; "
-                        "actor and rollout must load the same architecture (check "
-                        "rollout.model_path vs actor.model_path)"
-                    )
-            if worst != 0.0:
-                raise RuntimeError(
-                    f"weight sync v{version}: engine weights differ from the actor's by up to "
-                    f"{worst:g} after loading; the engine's load_weights is broken"
-                )
+                cast = [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
+                worst = max(worst, engine.weights_max_abs_diff(cast))
+
+        version, buckets, received = receive_weights(receive, load)
+        model = getattr(engine, "model", None)
+        if check and model is not None:
+            check_complete(
+                (n for n, _ in model.named_parameters()),
+                received,
+                version,
+                "actor and rollout must load the same architecture (check "
+                "rollout.model_path vs actor.model_path)",
+            )
+        if check and worst != 0.0:
+            raise RuntimeError(
+                f"weight sync v{version}: engine weights differ from the actor's by up to "
+                f"{worst:g} after loading; the engine's load_weights is broken"
+            )
         self.num_syncs += 1
         return {
             "version": version,

@@ -1,0 +1,81 @@
+"""An actor's training state in a checkpoint, one layout for every stack.
+
+Under ``global_step_N/actor/`` every actor writes:
+
+- ``dcp/``: the model's and the optimizer's state through
+  ``torch.distributed.checkpoint`` (each rank writes its own shards, in
+  parallel; loading reshards, so a run may resume on another world size);
+- ``extra_rank{r}.pt``: this rank's RNG states and what the stack adds (the
+  step, the LR scheduler, a weight version, ...).
+
+Both functions are collective over the actor's process group: every rank calls
+them. torch is imported here (the ``rl`` extra of rlinf-core).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from rlinf.core.checkpoint import rng_state, set_rng_state
+
+__all__ = ["load_train_state", "save_train_state"]
+
+
+def save_train_state(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+) -> None:
+    """Writes the model and optimizer shards and this rank's extras into ``folder``.
+
+    Args:
+        folder: The checkpoint's ``actor`` folder (created if missing).
+        model: The (FSDP-wrapped) model.
+        optimizer: Its optimizer.
+        extra: Picklable per-rank state to keep beside them; the RNG states are added.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / "dcp"))
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    torch.save({**extra, "rng": rng_state()}, folder / f"extra_rank{rank}.pt")
+
+
+def load_train_state(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """Restores what :func:`save_train_state` wrote and this rank's RNG states.
+
+    A rank that has no extras file of its own (the run resumes on more ranks)
+    takes rank 0's.
+
+    Args:
+        folder: The checkpoint's ``actor`` folder.
+        model: The model to load into.
+        optimizer: Its optimizer.
+
+    Returns:
+        This rank's extras (what the stack passed to :func:`save_train_state`).
+
+    Raises:
+        FileNotFoundError: If ``folder`` holds no sharded state.
+    """
+    if not (folder / "dcp").is_dir():
+        raise FileNotFoundError(f"no actor state in {str(folder)!r} (expected {folder / 'dcp'})")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    dcp_load(state, checkpoint_id=str(folder / "dcp"))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    extra_path = folder / f"extra_rank{rank}.pt"
+    if not extra_path.is_file():
+        extra_path = folder / "extra_rank0.pt"
+    extra: dict[str, Any] = torch.load(extra_path, weights_only=False)
+    set_rng_state(extra.pop("rng"))
+    return extra
