@@ -9,7 +9,9 @@ Under ``global_step_N/actor/`` every actor writes:
   step, the LR scheduler, a weight version, ...).
 
 Both functions are collective over the actor's process group: every rank calls
-them. torch is imported here (the ``rl`` extra of rlinf-core).
+them. torch is imported here (the ``rl`` extra of rlinf-core);
+``torch.distributed.checkpoint`` (DTensor, sympy: ~3 s) only when called, so
+that a driver importing an actor class does not pay for it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from rlinf.core.checkpoint import rng_state, set_rng_state
 
@@ -38,6 +37,9 @@ def save_train_state(
         optimizer: Its optimizer.
         extra: Picklable per-rank state to keep beside them; the RNG states are added.
     """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / "dcp"))
@@ -64,6 +66,9 @@ def load_train_state(
     Raises:
         FileNotFoundError: If ``folder`` holds no sharded state.
     """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     if not (folder / "dcp").is_dir():
         raise FileNotFoundError(f"no actor state in {str(folder)!r} (expected {folder / 'dcp'})")
     model_state, optim_state = get_state_dict(model, optimizer)

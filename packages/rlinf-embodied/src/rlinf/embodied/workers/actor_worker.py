@@ -30,9 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rlinf.core.algorithms import (
     EmbodiedAdvantageInputs,
@@ -136,6 +133,10 @@ class EmbodiedFSDPActor(Worker):
         self._offloaded = False
         self._max_episode_steps = spec.max_episode_steps
         init_process_group(cfg.actor.dist_backend, self.device, cfg.runner.step_timeout_s)
+        # FSDP pulls in DTensor (and sympy): ~3 s of imports that only actor processes pay.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(cfg.actor.seed)
         policy = build_policy(cfg.actor.model, spec).to(self.device)
@@ -213,6 +214,8 @@ class EmbodiedFSDPActor(Worker):
             The state dict on rank 0, an empty dict on other ranks.
         """
         model, _, _ = self._parts()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
         return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -403,6 +406,7 @@ class EmbodiedFSDPActor(Worker):
         micro = cfg.actor.micro_batch_size
         accum = per_rank // micro
         means = MetricMeans()  # stays on the device until the step ends
+        gradient_sync = getattr(model, "set_requires_gradient_sync", None)  # FSDPModule's
         skipped = 0
         for epoch in range(alg.update_epoch):
             # A fresh permutation per epoch, seeded by (step, epoch, rank): resumable.
@@ -415,8 +419,8 @@ class EmbodiedFSDPActor(Worker):
                 # Gradient accumulation: FSDP syncs gradients on the last micro-step only.
                 optimizer.zero_grad(set_to_none=True)
                 for k in range(accum):
-                    if isinstance(model, FSDPModule):
-                        model.set_requires_gradient_sync(k == accum - 1)
+                    if gradient_sync is not None:
+                        gradient_sync(k == accum - 1)
                     idx = minibatch[k * micro : (k + 1) * micro]
                     means.add(self._micro_step(model, data, idx, accum))
                 # One optimizer step; a non-finite global norm skips it (counted).
