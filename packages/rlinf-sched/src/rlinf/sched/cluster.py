@@ -12,7 +12,6 @@ import os
 import socket
 import tempfile
 import time
-from types import TracebackType
 from typing import Any
 
 # Under `uv run`, Ray starts every worker through `uv run` with the project as
@@ -31,6 +30,7 @@ from rlinf.core.channel import (
     release_created_channels,
     set_resolver,
 )
+from rlinf.core.closing import ClosesOnExit
 from rlinf.core.logging import get_logger
 from rlinf.sched.cluster_info import ClusterInfo, NodeGroupInfo, NodeInfo
 from rlinf.sched.comm.directory import get_directory, install_resolver
@@ -61,7 +61,7 @@ def _probe_node() -> dict[str, Any]:
     }
 
 
-class Cluster:
+class Cluster(ClosesOnExit):
     """The Ray cluster an RLinf program runs on.
 
     Args:
@@ -203,15 +203,8 @@ class Cluster:
         if removed:
             _log.info("removed %d stale channel segment(s)", len(removed))
 
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
+        """:meth:`shutdown` (so that ``with Cluster(...) as c:`` shuts it down)."""
         self.shutdown()
 
     def __repr__(self) -> str:
