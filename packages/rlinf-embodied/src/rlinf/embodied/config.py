@@ -205,9 +205,14 @@ class RolloutConfig(RLinfModel):
 class OptimConfig(RLinfModel):
     """AdamW and its schedule (``actor.optim``)."""
 
-    lr: float = Field(3e-4, gt=0, description="Learning rate of the policy parameters.")
+    lr: float = Field(
+        3e-4,
+        ge=0,
+        description="Learning rate of the policy parameters (0: the weights stay fixed, "
+        "the check that PPO ratios are 1).",
+    )
     value_lr: float | None = Field(
-        None, gt=0, description="Learning rate of value_head parameters; null: lr."
+        None, ge=0, description="Learning rate of value_head parameters; null: lr."
     )
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")

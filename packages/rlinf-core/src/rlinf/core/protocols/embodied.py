@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 __all__ = ["EnvOutput", "EnvSpec", "PolicyOutput", "RolloutBatch", "Trajectory"]
 
 Obs = dict[str, "torch.Tensor"]
-"""Observation dict: ``states`` [n, d] float32 and/or ``main_images`` [n, H, W, 3] uint8."""
+"""Observation dict: ``states`` [n, d] float32 and/or ``main_images`` [n, H, W, 3] uint8;
+language-conditioned envs add ``task_ids`` [n] int64, indices into ``EnvSpec.instructions``."""
 
 
 def _to_cpu(value: Any) -> Any:
@@ -47,6 +48,11 @@ class EnvSpec:
         action_low: Per-dimension lower bounds of continuous actions (or None).
         action_high: Per-dimension upper bounds of continuous actions (or None).
         max_episode_steps: Episode length limit in env sub-steps.
+        instructions: The env's task instructions (its whole vocabulary of tasks), or
+            None for an env without language. Observations then carry ``task_ids``
+            [n] int64 indices into this tuple instead of strings, so the observation
+            stays a dict of tensors (zero-copy through channels) and a policy
+            tokenizes each instruction once.
     """
 
     state_dim: int | None
@@ -56,11 +62,29 @@ class EnvSpec:
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int = 0
+    instructions: tuple[str, ...] | None = None
 
     @property
     def discrete(self) -> bool:
         """Whether actions are indices in ``range(num_actions)``."""
         return self.num_actions is not None
+
+    def task_descriptions(self, task_ids: torch.Tensor) -> list[str]:
+        """The instruction of each env, from an ``obs["task_ids"]`` tensor.
+
+        Raises:
+            ValueError: The env has no instructions, or an id is out of range.
+        """
+        if self.instructions is None:
+            raise ValueError("this env has no instructions (EnvSpec.instructions is None)")
+        ids = [int(i) for i in task_ids.reshape(-1).tolist()]
+        bad = [i for i in ids if not 0 <= i < len(self.instructions)]
+        if bad:
+            raise ValueError(
+                f"task_ids {bad[:5]} are outside [0, {len(self.instructions)}): the env "
+                "has that many instructions"
+            )
+        return [self.instructions[i] for i in ids]
 
 
 @dataclass

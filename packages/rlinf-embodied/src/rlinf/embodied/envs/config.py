@@ -38,7 +38,8 @@ class EnvConfig(RLinfModel):
     """What :func:`rlinf.embodied.envs.make_env` builds.
 
     Attributes:
-        env_type: Registry key: ``gym``, ``maniskill``, ``robosuite`` or a registered name.
+        env_type: Registry key: ``gym``, ``maniskill``, ``robosuite``, ``lang_reach`` or a
+            registered name.
         env_id: Simulator task: a gymnasium id (``CartPole-v1``), a ManiSkill task
             (``PickCube-v1``) or a robosuite environment (``Lift``).
         num_envs: Environments of one env worker rank (one pipeline stage).
@@ -59,7 +60,9 @@ class EnvConfig(RLinfModel):
         env_kwargs: Extra keyword arguments for the simulator's constructor.
     """
 
-    env_type: str = Field(..., min_length=1, description="gym, maniskill, robosuite, ...")
+    env_type: str = Field(
+        ..., min_length=1, description="gym, maniskill, robosuite, lang_reach, ..."
+    )
     env_id: str = Field(..., min_length=1, description="Task id inside the simulator.")
     num_envs: int = Field(1, ge=1, description="Envs per env worker rank (per stage).")
     group_size: int = Field(1, ge=1, description="Consecutive envs sharing a reset seed.")

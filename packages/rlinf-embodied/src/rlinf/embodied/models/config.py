@@ -7,6 +7,7 @@ Observation and action sizes are not part of it: they come from the env's
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -14,7 +15,7 @@ from pydantic import Field, field_validator
 
 from rlinf.core.config import RLinfModel
 
-__all__ = ["Activation", "PolicyConfig", "Precision", "ValueType"]
+__all__ = ["Activation", "FlowSampler", "PolicyConfig", "Precision", "ValueType"]
 
 Activation = Literal["tanh", "relu", "elu", "gelu", "silu"]
 """Hidden-layer nonlinearities a policy can use."""
@@ -24,6 +25,11 @@ ValueType = Literal["action_level", "chunk_level"]
 
 Precision = Literal["fp32", "bf16"]
 """Parameter dtype of the policy."""
+
+FlowSampler = Literal["ode", "sde", "noise"]
+"""How a flow VLA samples in train mode: ``ode`` (deterministic), ``sde`` (one
+stochastic denoising step per call, Gaussian log-density), ``noise`` (learned noise
+scale, joint log-density over the steps). Eval mode always integrates the ODE."""
 
 _MAX_CNN_LAYERS = 3
 
@@ -52,6 +58,15 @@ class PolicyConfig(RLinfModel):
         cnn_feature_dim: Width of the linear layer after the convs; ``cnn`` only.
         precision: Parameter dtype, ``fp32`` or ``bf16``. Logprobs and values are always
             returned as float32.
+        model_path: VLAs (``token_vla``, ``flow_vla``): the Hugging Face-format directory
+            to load (``config.json``, weights, tokenizer, ``dataset_statistics.json``).
+        temperature: Token VLAs: sampling temperature in train mode. Rollout and actor
+            read this one field, so the actor re-scores with the rollout's warping.
+        top_k: Token VLAs: sample among the ``k`` most likely bins (0: all of them).
+        unnorm_key: VLAs: the ``dataset_statistics.json`` entry that de-normalises
+            actions (null: the only entry).
+        flow_sampler: Flow VLAs: train-mode sampler (see :data:`FlowSampler`).
+        noise_level: Flow VLAs: noise scale of the ``sde`` sampler.
     """
 
     model_type: str = Field(
@@ -80,6 +95,25 @@ class PolicyConfig(RLinfModel):
         default=256, ge=1, description="Linear width after the convs; cnn only."
     )
     precision: Precision = Field(default="fp32", description="Parameter dtype: fp32 or bf16.")
+    model_path: Path | None = Field(
+        default=None, description="VLAs: Hugging Face-format model directory to load."
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Token VLAs: train sampling temperature.",
+    )
+    top_k: int = Field(default=0, ge=0, description="Token VLAs: top-k bins (0: all).")
+    unnorm_key: str | None = Field(
+        default=None, description="VLAs: dataset_statistics.json entry (null: the only one)."
+    )
+    flow_sampler: FlowSampler = Field(
+        default="sde", description="Flow VLAs: train-mode sampler (ode, sde, noise)."
+    )
+    noise_level: float = Field(
+        default=0.5, gt=0, allow_inf_nan=False, description="Flow VLAs: sde noise scale."
+    )
 
     @field_validator("model_type")
     @classmethod

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,6 +26,12 @@ __all__ = ["available_policies", "build_policy", "get_policy_class", "register_p
 P = TypeVar("P", bound=type[BasePolicy])
 
 _POLICIES: dict[str, type[BasePolicy]] = {}
+
+_BUILTIN: dict[str, str] = {
+    "token_vla": "rlinf.embodied.models.vla.policy",
+    "flow_vla": "rlinf.embodied.models.vla.policy",
+}
+"""Built-in policies whose module is imported on first use (VLAs import transformers)."""
 
 
 def register_policy(model_type: str) -> Callable[[P], P]:
@@ -69,8 +76,8 @@ def register_policy(model_type: str) -> Callable[[P], P]:
 
 
 def available_policies() -> list[str]:
-    """Names of the registered policies, sorted."""
-    return sorted(_POLICIES)
+    """Names of the registered policies (and of the lazily imported built-ins), sorted."""
+    return sorted(set(_POLICIES) | set(_BUILTIN))
 
 
 def get_policy_class(model_type: str) -> type[BasePolicy]:
@@ -85,6 +92,8 @@ def get_policy_class(model_type: str) -> type[BasePolicy]:
     Raises:
         ValueError: Nothing is registered under ``model_type``; lists what is.
     """
+    if model_type not in _POLICIES and model_type in _BUILTIN:
+        importlib.import_module(_BUILTIN[model_type])
     try:
         return _POLICIES[model_type]
     except KeyError:
