@@ -76,6 +76,16 @@ def test_pickcube_rgb_images_and_states() -> None:
         out, metrics = env.chunk_step(torch.zeros(2, 4, 8))
         assert out.truncations[:, -1].all() and out.obs["main_images"].shape == (2, 64, 64, 3)
         assert metrics["episode_len"].tolist() == [4.0, 4.0]
+        # The task's own instruction, for VLAs: one entry, every env's task_id 0.
+        assert env.spec.instructions == ("pick up the cube and move it to the goal",)
+        assert out.obs["task_ids"].tolist() == [0, 0]
+
+
+def test_instruction_from_config_overrides_the_task_default() -> None:
+    env = build(env_id="PushCube-v1", instruction="nudge the block onto the target")
+    with env:
+        assert env.spec.instructions == ("nudge the block onto the target",)
+        assert env.reset().obs["task_ids"].tolist() == [0, 0]
 
 
 def test_pushcube_state() -> None:

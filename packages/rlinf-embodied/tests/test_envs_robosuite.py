@@ -37,6 +37,8 @@ def test_lift_state_chunks_groups_and_seeds() -> None:
         assert metrics["episode_len"].tolist() == [6.0, 6.0]
         assert set(metrics) >= {"return", "success_once", "success_at_end"}
         assert metrics["success_once"].tolist() == [0.0, 0.0]  # random actions do not lift
+        assert env.spec.instructions == ("lift the cube",)  # the task's own, for VLAs
+        assert out.obs["task_ids"].tolist() == [0, 0]
 
 
 @pytest.mark.slow

@@ -263,6 +263,63 @@ def test_same_config_trains_hybrid(hybrid: list[WorkerGroup], tmp_path: Path) ->
     check_run(metrics, runner.tensorboard_dir, 1)
 
 
+def test_at_learning_rate_zero_every_ratio_is_one(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """lr 0: the actor re-scores exactly what the rollout sampled (ratio 1, nothing clipped)."""
+    actor, rollout, env = hybrid
+    cfg = make_config(
+        tmp_path,
+        "lr0",
+        [
+            *SMALL,
+            "runner.max_epochs=2",
+            "runner.val_check_interval=-1",
+            "actor.optim.lr=0",
+            "actor.optim.value_lr=0",
+            "algorithm.update_epoch=2",
+        ],
+        placement=HYBRID,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        metrics = runner.run()
+    assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-6, metrics["train/actor/ratio"]
+    assert metrics["train/actor/clip_fraction"] == 0.0
+    assert abs(metrics["train/actor/approx_kl"]) < 1e-7
+
+
+def test_lang_reach_instructions_travel_through_the_runner(
+    collocated: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """lang_reach observations (with task_ids) go env -> rollout -> actor for two steps."""
+    actor, rollout, env = collocated
+    split = "env_type=lang_reach,env_id=fixed,++obs_mode=rgb,max_episode_steps=16"
+    cfg = make_config(
+        tmp_path,
+        "lang_reach",
+        [
+            *SMALL,
+            *[
+                f"{kv[:2] if kv.startswith('++') else ''}env.{name}.{kv.lstrip('+')}"
+                for name in ("train", "eval")
+                for kv in split.split(",")
+            ],
+            "env.train.max_steps_per_rollout_epoch=16",
+            "runner.max_epochs=2",
+            "runner.val_check_interval=2",
+        ],
+        placement=COLLOCATED,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        assert runner.spec.instructions is not None and len(runner.spec.instructions) == 9
+        metrics = runner.run()
+    assert runner.global_step == 2
+    assert math.isfinite(metrics["train/actor/policy_loss"])
+    assert "eval/success_once" in metrics and "env/success_once" in metrics
+
+
 # ----------------------------------------------------------------------------- learning + eval
 
 

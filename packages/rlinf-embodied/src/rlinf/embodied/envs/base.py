@@ -42,7 +42,7 @@ seeded from ``(group seed, k)``, so envs of a group keep sharing starts.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -111,6 +111,8 @@ class VectorEnv(abc.ABC, ClosesOnExit):
     env_type: ClassVar[str] = ""
     can_continue_after_termination: ClassVar[bool] = True
     """Whether the simulator may be stepped after it reported a termination."""
+    default_instructions: ClassVar[dict[str, str]] = {}
+    """``env_id`` -> the instruction used when ``instruction`` is null."""
 
     def __init__(
         self,
@@ -156,7 +158,8 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         self._closed = False
         self.last_alive_mask = torch.zeros((n, 0), dtype=torch.bool)
 
-        self.spec: EnvSpec = self._setup()
+        self._task_ids: torch.Tensor | None = None  # set when one instruction serves all envs
+        self.spec: EnvSpec = self._with_instruction(self._setup())
         if self.spec.max_episode_steps < 1:
             raise ValueError(
                 f"{type(self).__name__} resolved max_episode_steps="
@@ -167,6 +170,21 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             fps = cfg.video.fps or self._default_fps()
             name = f"{self.env_type}_{cfg.env_id}_seed{cfg.seed}_offset{seed_offset}"
             self._video = VideoRecorder(cfg.video.dir / name.replace("/", "_"), fps)
+
+    def _with_instruction(self, spec: EnvSpec) -> EnvSpec:
+        """Adds the config's (or the task's) one instruction to a spec that has none."""
+        instruction = self.cfg.instruction or self.default_instructions.get(self.cfg.env_id)
+        if spec.instructions is not None:
+            if self.cfg.instruction is not None:
+                raise ValueError(
+                    f"env.instruction={self.cfg.instruction!r}: env_type "
+                    f"{self.env_type!r} draws its own instructions per episode; remove the key"
+                )
+            return spec
+        if instruction is None:
+            return spec
+        self._task_ids = torch.zeros(self.num_envs, dtype=torch.int64)
+        return replace(spec, instructions=(instruction,))
 
     # ------------------------------------------------------------------ backend hooks
 
@@ -312,6 +330,8 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 self._return[idx] += r
                 rows = torch.from_numpy(idx)
                 for key, value in obs.items():
+                    if key == "task_ids" and self._task_ids is not None:
+                        continue  # constant: not reported by the backend
                     value[rows] = res.obs[key][rows].to(value.dtype)
                 if res.success is not None:
                     self.defines_success = True
@@ -455,6 +475,9 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         return a
 
     def _checked_obs(self, obs: Obs) -> Obs:
+        if self._task_ids is not None:  # one instruction for every env
+            rows = len(next(iter(obs.values())))
+            obs = {**obs, "task_ids": self._task_ids[:rows]}
         out: Obs = {}
         for key, value in obs.items():
             t = torch.as_tensor(value).detach().cpu()

@@ -58,6 +58,10 @@ class EnvConfig(RLinfModel):
         reward_scale: Multiplies every reward (metrics report scaled rewards too).
         video: Video recording of env 0.
         env_kwargs: Extra keyword arguments for the simulator's constructor.
+        instruction: The task instruction a language-conditioned policy (a VLA) reads;
+            null takes the task's own where the backend defines one (ManiSkill and
+            robosuite tasks, see ``default_instructions``), else the env has none.
+            Envs that draw their own instructions (``lang_reach``) reject it.
     """
 
     env_type: str = Field(
@@ -81,6 +85,9 @@ class EnvConfig(RLinfModel):
     video: VideoConfig = Field(default_factory=VideoConfig)  # type: ignore[arg-type]
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra simulator constructor arguments."
+    )
+    instruction: str | None = Field(
+        None, min_length=1, description="Task instruction for VLAs; null: the task's own."
     )
 
     @field_validator("image_size", mode="before")

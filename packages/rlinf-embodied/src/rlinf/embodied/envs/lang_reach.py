@@ -26,8 +26,9 @@ targets' positions in red/green/blue order (``obs_mode: state``), and
 Reward (``env_kwargs: {reward: sparse|shaped}``): ``sparse`` is 1 on the
 success step; ``shaped`` adds the decrease of the distance to the target.
 
-:meth:`LangReachEnv.expert_actions` is a scripted expert (straight to the
-named target) for behaviour-cloning demonstrations.
+:meth:`LangReachEnv.expert_actions` (and :meth:`LangReachEnv.expert_chunk`,
+``C`` steps ahead) is a scripted expert, straight to the named target, for
+behaviour-cloning demonstrations (:mod:`rlinf.embodied.demos`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,22 @@ class LangReachEnv(VectorEnv):
         """[n, 2] scripted-expert actions: straight to the instructed target, full speed."""
         delta = (self.goal - self._agent) / _STEP_SCALE
         return delta / delta.abs().amax(dim=1, keepdim=True).clamp(min=1.0)
+
+    def expert_chunk(self, num_action_chunks: int) -> torch.Tensor:
+        """[n, C, 2] the expert's next ``C`` actions, planned from the current state.
+
+        The plan moves a copy of the agent; the env itself does not change.
+        """
+        saved = self._agent.clone()
+        actions = []
+        try:
+            for _ in range(num_action_chunks):
+                action = self.expert_actions()
+                actions.append(action)
+                self._agent = (self._agent + action * _STEP_SCALE).clamp(-1.0, 1.0)
+        finally:
+            self._agent = saved
+        return torch.stack(actions, dim=1)
 
     def _distance(self) -> torch.Tensor:
         distance: torch.Tensor = (self.goal - self._agent).norm(dim=1)

@@ -27,7 +27,7 @@ outside the simulator state are not covered by that copy.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -110,6 +110,11 @@ class _Batch:
 @register_env("maniskill")
 class ManiSkillVectorEnv(VectorEnv):
     """ManiSkill 3 tasks, batched on the GPU sim or one env per scene on the CPU sim."""
+
+    default_instructions: ClassVar[dict[str, str]] = {
+        "PickCube-v1": "pick up the cube and move it to the goal",
+        "PushCube-v1": "push the cube to the goal",
+    }
 
     def _setup(self) -> EnvSpec:
         cfg = self.cfg

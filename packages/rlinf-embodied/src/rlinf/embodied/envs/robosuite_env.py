@@ -22,7 +22,7 @@ build time with an error that names the extra to reinstall.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -57,6 +57,11 @@ def _reseed(env: Any, seed: int) -> None:
 @register_env("robosuite")
 class RobosuiteVectorEnv(VectorEnv):
     """``num_envs`` in-process robosuite envs (see the module docstring)."""
+
+    default_instructions: ClassVar[dict[str, str]] = {
+        "Lift": "lift the cube",
+        "Door": "open the door",
+    }
 
     def _setup(self) -> EnvSpec:
         cfg = self.cfg

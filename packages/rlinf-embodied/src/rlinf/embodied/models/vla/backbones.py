@@ -1,0 +1,164 @@
+"""Neural building blocks shared by both VLA families.
+
+The vision tower and the transformers are stock ``transformers`` classes built
+from config dicts with random weights (SigLIP vision, Llama), so the models are
+real in structure while tiny in size. This module owns how a dict becomes a
+module, the projector from vision to text width, the value MLP, the sinusoidal
+time embedding of the flow expert, and the additive 4-D attention mask that
+stock Llama accepts as a custom mask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import LlamaConfig, LlamaModel, SiglipVisionConfig, SiglipVisionModel
+
+__all__ = [
+    "Projector",
+    "ValueMLP",
+    "additive_attention_mask",
+    "build_llama",
+    "build_vision_tower",
+    "run_llama",
+    "sinusoidal_embedding",
+]
+
+
+def build_vision_tower(vision_config: dict[str, Any]) -> SiglipVisionModel:
+    """A randomly initialised SigLIP vision tower.
+
+    Args:
+        vision_config: ``SiglipVisionConfig`` keyword arguments.
+
+    Returns:
+        The tower; its ``last_hidden_state`` is ``[n, patches, hidden_size]``.
+    """
+    config = SiglipVisionConfig(**vision_config)
+    config._attn_implementation = "sdpa"
+    return SiglipVisionModel(config)
+
+
+def build_llama(text_config: dict[str, Any]) -> LlamaModel:
+    """A randomly initialised Llama trunk (no LM head), fed with ``inputs_embeds``.
+
+    Args:
+        text_config: ``LlamaConfig`` keyword arguments.
+
+    Returns:
+        The trunk.
+    """
+    config = LlamaConfig(**text_config)
+    config._attn_implementation = "sdpa"
+    return LlamaModel(config)
+
+
+def run_llama(model: LlamaModel, embeds: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+    """Runs a Llama trunk over embeddings with a custom mask.
+
+    Args:
+        model: The trunk.
+        embeds: ``[B, T, D]`` input embeddings.
+        mask: ``[B, 1, T, T]`` additive mask (see :func:`additive_attention_mask`).
+        positions: ``[B, T]`` rotary position ids.
+
+    Returns:
+        ``[B, T, D]`` last hidden states (after the final norm).
+    """
+    out = model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False)
+    hidden: Tensor = out.last_hidden_state
+    return hidden
+
+
+def additive_attention_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Turns a boolean ``[B, T, T]`` (query, key) matrix into an additive ``[B, 1, T, T]`` mask.
+
+    Every query is also allowed to see itself, so rows of padding queries (whose
+    outputs are never read) stay finite instead of becoming NaN.
+
+    Args:
+        allowed: True where the query may attend to the key.
+        dtype: The dtype of the attention scores.
+
+    Returns:
+        0 where allowed, the most negative finite value elsewhere.
+    """
+    eye = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
+    allowed = allowed | eye
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
+
+
+class Projector(nn.Module):
+    """Maps vision features to the text width: ``linear`` or ``mlp`` (Linear-GELU-Linear).
+
+    Args:
+        kind: ``linear`` or ``mlp``.
+        in_dim: Vision width.
+        out_dim: Text width.
+    """
+
+    def __init__(self, kind: str, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        if kind == "linear":
+            self.net: nn.Module = nn.Linear(in_dim, out_dim)
+        elif kind == "mlp":
+            self.net = nn.Sequential(
+                nn.Linear(in_dim, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim)
+            )
+        else:
+            raise ValueError(f"projector={kind!r} is not 'linear' or 'mlp'")
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Projects ``[..., in_dim]`` to ``[..., out_dim]``."""
+        out: Tensor = self.net(features)
+        return out
+
+
+class ValueMLP(nn.Module):
+    """Value head: GELU MLP whose last layer has no bias and N(0, 0.02) weights.
+
+    Args:
+        in_dim: Input width.
+        hidden_dims: Hidden widths.
+        out_dim: ``V`` values.
+    """
+
+    def __init__(self, in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_dim
+        for hidden in hidden_dims:
+            layers += [nn.Linear(width, hidden), nn.GELU()]
+            width = hidden
+        last = nn.Linear(width, out_dim, bias=False)
+        nn.init.normal_(last.weight, std=0.02)
+        layers.append(last)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Values ``[n, V]`` in float32 from ``[n, in_dim]`` features."""
+        out: Tensor = self.net(features)
+        return out.float()
+
+
+def sinusoidal_embedding(t: Tensor, dim: int, max_period: float = 100.0) -> Tensor:
+    """Sine-cosine features of scalar times in ``[0, 1]``.
+
+    Args:
+        t: ``[n]`` times.
+        dim: Even output width.
+        max_period: Longest period; periods are geometric between ``4e-3`` and it.
+
+    Returns:
+        ``[n, dim]`` float32 features.
+    """
+    half = dim // 2
+    periods = torch.exp(torch.linspace(math.log(4e-3), math.log(max_period), half, device=t.device))
+    angles = 2 * math.pi * t.float().unsqueeze(-1) / periods
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)

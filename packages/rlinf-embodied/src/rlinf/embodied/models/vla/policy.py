@@ -1,0 +1,578 @@
+"""``token_vla`` and ``flow_vla``: the two VLA families behind the :class:`BasePolicy` contract.
+
+A policy is built from ``(PolicyConfig, EnvSpec)`` like every other policy, but
+its sizes come from a Hugging Face directory (``actor.model.model_path``):
+``config.json`` + weights through ``AutoModel.from_pretrained`` (our configs are
+registered, so no ``trust_remote_code``), the tokenizer through
+``AutoTokenizer``, ``preprocessor_config.json`` and ``dataset_statistics.json``.
+Every mismatch between that directory, the env spec and the config is checked
+once at construction, with an error naming the key, the value and the fix, so a
+wrong checkpoint fails before the first rollout instead of scoring 0%.
+
+Observations: ``main_images`` [n, H, W, 3] uint8, ``task_ids`` [n] int64 indices
+into ``EnvSpec.instructions`` (tokenized once here and cached as buffers), and
+``states`` [n, d] float32 when the model has a proprio token. ``forward_inputs``
+carries those entries (raw uint8 images: the actor re-runs the same
+deterministic preprocessing) plus ``action_tokens`` [n, C, A] int64 (token) or
+``chains`` [n, N + 1, H, A] float32 and ``denoise_inds`` [n, N] int64 (flow).
+Train-mode sampling reads ``cfg.temperature``/``cfg.top_k`` or
+``cfg.flow_sampler``/``cfg.noise_level``, the same fields the actor re-scores
+with; eval mode is deterministic (argmax / ODE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from transformers import AutoModel, PreTrainedModel
+
+from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
+from rlinf.embodied.models.base import BasePolicy
+from rlinf.embodied.models.config import PolicyConfig
+from rlinf.embodied.models.registry import register_policy
+from rlinf.embodied.models.vla.configuration import FlowVLAConfig, TokenVLAConfig
+from rlinf.embodied.models.vla.instructions import encode_instructions, load_instruction_tokenizer
+from rlinf.embodied.models.vla.modeling_flow import (
+    FlowPrefix,
+    FlowVLAModel,
+    flow_matching_loss,
+    sample_chain,
+    score_chain,
+)
+from rlinf.embodied.models.vla.modeling_token import TokenVLAModel, TokenVLAOutput
+from rlinf.embodied.models.vla.preprocessing import VLAImageProcessor
+from rlinf.embodied.models.vla.statistics import load_action_normalizer
+from rlinf.embodied.models.vla.token_sampling import (
+    sample_action_ids,
+    token_entropy,
+    token_log_probs,
+    warp_action_logits,
+)
+
+__all__ = ["FlowVLAPolicy", "TokenVLAPolicy"]
+
+_MODES = ("train", "eval")
+
+
+@dataclass
+class _ModelInputs:
+    """Observation entries turned into model inputs, on the policy's device."""
+
+    pixel_values: Tensor
+    input_ids: Tensor
+    attention_mask: Tensor
+    states: Tensor | None
+
+
+def _require_model_path(cfg: PolicyConfig) -> Path:
+    if cfg.model_path is None:
+        raise ValueError(
+            f"actor.model.model_path is not set; model_type {cfg.model_type!r} loads a "
+            "Hugging Face-format directory. Set actor.model.model_path to one (make a tiny "
+            "one with `python -m rlinf.embodied.models.vla.tiny --kind token|flow --out DIR`)"
+        )
+    path = Path(cfg.model_path)
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"actor.model.model_path={str(path)!r} has no config.json; point it at a "
+            "directory written by save_pretrained"
+        )
+    return path
+
+
+class _VLAPolicy(BasePolicy):
+    """What both VLA policies share: loading, consistency checks, observation handling.
+
+    Args:
+        cfg: The policy config (``model_path`` required).
+        spec: The env spec (continuous actions, images and instructions required).
+    """
+
+    model_class: ClassVar[type[PreTrainedModel]]
+    config_class: ClassVar[type[TokenVLAConfig] | type[FlowVLAConfig]]
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+
+    def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
+        super().__init__(cfg, spec)
+        path = _require_model_path(cfg)
+        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        if not isinstance(model, self.model_class):
+            raise ValueError(
+                f"actor.model.model_path={str(path)!r} holds a {type(model).__name__} "
+                f"(model_type {model.config.model_type!r}) but model_type {cfg.model_type!r} "
+                f"needs a {self.config_class.model_type!r} model; fix model_type or model_path"
+            )
+        self.model_path = path
+        self.image_processor = VLAImageProcessor.load(path)
+        self.unnorm_key, self.action_normalizer = load_action_normalizer(path, cfg.unnorm_key)
+        tokenizer = load_instruction_tokenizer(path)
+        self._check_model(model.config, len(tokenizer))
+        assert spec.instructions is not None  # check_spec guarantees it
+        ids, mask = encode_instructions(
+            tokenizer, spec.instructions, int(model.config.max_prompt_length)
+        )
+        self.register_buffer("prompt_ids", ids, persistent=False)
+        self.register_buffer("prompt_mask", mask, persistent=False)
+        self._set_model(model)
+
+    def _set_model(self, model: PreTrainedModel) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
+        """Requires continuous actions, RGB images and a tuple of instructions."""
+        super().check_spec(cfg, spec)
+        name = cfg.model_type
+        if spec.num_actions is not None:
+            raise ValueError(
+                f"model_type {name!r} predicts continuous actions but the env has "
+                f"num_actions={spec.num_actions} discrete actions; use model_type mlp or cnn"
+            )
+        if spec.image_shape is None:
+            raise ValueError(
+                f"model_type {name!r} needs images (obs['main_images']) but EnvSpec.image_shape "
+                "is None; use an RGB obs mode of the env"
+            )
+        if not spec.instructions:
+            raise ValueError(
+                f"model_type {name!r} needs language instructions but EnvSpec.instructions is "
+                f"{spec.instructions!r}; use a language-conditioned env (e.g. lang_reach)"
+            )
+
+    def _model_action_dim(self, config: Any) -> int:
+        return int(config.action_dim)
+
+    def _check_model(self, config: Any, tokenizer_size: int) -> None:
+        cfg, spec, path = self.cfg, self.spec, str(self.model_path)
+        action_dim = self._model_action_dim(config)
+        if spec.action_dim != action_dim:
+            raise ValueError(
+                f"EnvSpec.action_dim={spec.action_dim} but the model at actor.model.model_path="
+                f"{path!r} acts in action_dim={action_dim} (config.json); use a model made for "
+                f"this env (make_tiny_vla --action-dim {spec.action_dim})"
+            )
+        if self.action_normalizer.action_dim != action_dim:
+            raise ValueError(
+                f"dataset_statistics.json entry {self.unnorm_key!r} covers "
+                f"{self.action_normalizer.action_dim} action dims but the model has "
+                f"action_dim={action_dim}; set actor.model.unnorm_key to the model's dataset"
+            )
+        assert spec.image_shape is not None
+        height, width = spec.image_shape[0], spec.image_shape[1]
+        size = self.image_processor.image_size
+        if size != config.image_size:
+            raise ValueError(
+                f"preprocessor_config.json image_size={size} disagrees with config.json "
+                f"image_size={config.image_size} in {path!r}; make them equal"
+            )
+        if (height, width) != (size, size) and not self.image_processor.do_resize:
+            raise ValueError(
+                f"EnvSpec.image_shape={spec.image_shape} but the model at {path!r} takes "
+                f"{size}x{size} images (image_size); render the env at that size or set "
+                "do_resize: true in preprocessor_config.json"
+            )
+        if config.state_dim > 0 and spec.state_dim != config.state_dim:
+            raise ValueError(
+                f"EnvSpec.state_dim={spec.state_dim} but the model at {path!r} has a proprio "
+                f"token of state_dim={config.state_dim}; use an env with that state size or a "
+                "model with state_dim matching the env (0 ignores states)"
+            )
+        if cfg.num_action_chunks != config.num_action_chunks:
+            raise ValueError(
+                f"actor.model.num_action_chunks={cfg.num_action_chunks} but the model at "
+                f"{path!r} predicts num_action_chunks={config.num_action_chunks}; set "
+                f"actor.model.num_action_chunks: {config.num_action_chunks}"
+            )
+        if cfg.add_value_head and not config.add_value_head:
+            raise ValueError(
+                f"actor.model.add_value_head=true but the model at {path!r} has no value head "
+                "(config add_value_head: false); set actor.model.add_value_head: false (GRPO) "
+                "or use a model with a value head"
+            )
+        if cfg.add_value_head and cfg.value_type != config.value_type:
+            raise ValueError(
+                f"actor.model.value_type={cfg.value_type!r} but the model's value head is "
+                f"{config.value_type!r}; set actor.model.value_type: {config.value_type}"
+            )
+        limit = self._text_vocab_limit(config)
+        if tokenizer_size > limit:
+            raise ValueError(
+                f"the tokenizer in {path!r} has {tokenizer_size} ids but the model's text "
+                f"vocabulary has room for {limit}; save the tokenizer the model was built with"
+            )
+
+    def _text_vocab_limit(self, config: Any) -> int:
+        return int(config.text_config["vocab_size"])
+
+    def _read_obs(self, obs: Mapping[str, Any], *, needs_states: bool) -> dict[str, Tensor]:
+        """Picks and checks ``main_images``, ``task_ids`` and (if used) ``states``."""
+        keys = ["main_images", "task_ids"] + (["states"] if needs_states else [])
+        missing = [key for key in keys if key not in obs]
+        if missing:
+            raise KeyError(
+                f"{type(self).__name__} reads obs{missing} but they are missing (got keys "
+                f"{sorted(obs)}); a VLA needs {keys}"
+            )
+        images, task_ids = obs["main_images"], obs["task_ids"]
+        assert self.spec.image_shape is not None
+        if images.dtype != torch.uint8 or tuple(images.shape[1:]) != tuple(self.spec.image_shape):
+            raise ValueError(
+                f"obs['main_images'] must be uint8 [n, *{tuple(self.spec.image_shape)}], got "
+                f"{images.dtype} {tuple(images.shape)}"
+            )
+        task_ids = task_ids.reshape(-1).long()
+        count = self.prompt_ids.shape[0]
+        if task_ids.numel() != images.shape[0]:
+            raise ValueError(
+                f"obs['task_ids'] has {task_ids.numel()} entries for {images.shape[0]} images"
+            )
+        if task_ids.numel() and (int(task_ids.min()) < 0 or int(task_ids.max()) >= count):
+            raise ValueError(
+                f"obs['task_ids'] must index EnvSpec.instructions (0..{count - 1}), got "
+                f"values in [{int(task_ids.min())}, {int(task_ids.max())}]"
+            )
+        inputs = {"main_images": images, "task_ids": task_ids}
+        if needs_states:
+            states = obs["states"]
+            if states.ndim != 2 or states.shape[0] != images.shape[0]:
+                raise ValueError(
+                    f"obs['states'] must be [n={images.shape[0]}, d], got {tuple(states.shape)}"
+                )
+            inputs["states"] = states.float()
+        return inputs
+
+    def _model_inputs(self, inputs: Mapping[str, Tensor]) -> _ModelInputs:
+        device = self.prompt_ids.device
+        task_ids = inputs["task_ids"].to(device)
+        states = inputs.get("states")
+        return _ModelInputs(
+            pixel_values=self.image_processor(inputs["main_images"].to(device)),
+            input_ids=self.prompt_ids[task_ids],
+            attention_mask=self.prompt_mask[task_ids],
+            states=None if states is None else states.to(device),
+        )
+
+    def _zero_values(self, batch: int) -> Tensor:
+        return torch.zeros(batch, self.value_dim, device=self.prompt_ids.device)
+
+    @staticmethod
+    def _check_mode(mode: str) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
+
+    def _check_values_requested(self, has_head: bool) -> None:
+        if not (self.cfg.add_value_head and has_head):
+            raise ValueError(
+                "values were requested but the policy has no value head; set "
+                "actor.model.add_value_head: true with a model that has one, or do not "
+                "compute values"
+            )
+
+
+@register_policy("token_vla")
+class TokenVLAPolicy(_VLAPolicy):
+    """OpenVLA-OFT-style token VLA (see :mod:`.modeling_token`).
+
+    Logprobs and entropy are per action token, ``[n, C * A]``; values ``[n, V]``.
+    """
+
+    model_class = TokenVLAModel
+    config_class = TokenVLAConfig
+    model: TokenVLAModel
+
+    def _set_model(self, model: PreTrainedModel) -> None:
+        assert isinstance(model, TokenVLAModel)
+        self.model = model
+        self.action_bins = model.action_bins
+
+    def _text_vocab_limit(self, config: Any) -> int:
+        return int(config.first_bin_id)
+
+    def _run(self, inputs: Mapping[str, Tensor]) -> TokenVLAOutput:
+        batch = self._model_inputs(inputs)
+        out: TokenVLAOutput = self.model(
+            batch.pixel_values, batch.input_ids, batch.attention_mask, batch.states
+        )
+        return out
+
+    def _warp(self, logits: Tensor) -> Tensor:
+        return warp_action_logits(logits, self.action_bins, self.cfg.temperature, self.cfg.top_k)
+
+    def _values(self, values: Tensor | None, batch: int) -> Tensor:
+        if values is None or not self.cfg.add_value_head:
+            return self._zero_values(batch)
+        return values
+
+    def predict_action_batch(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        """Decodes a whole action chunk in one forward pass.
+
+        Args:
+            obs: ``main_images``, ``task_ids`` and (with a proprio token) ``states``.
+            mode: ``train`` samples with ``cfg.temperature``/``cfg.top_k``; ``eval`` takes
+                the argmax (its logprobs are still scored under the train warping).
+            generator: Random generator for the categorical draws.
+
+        Returns:
+            Actions ``[n, C, A]`` (de-normalised float32), ``prev_logprobs`` ``[n, C*A]``,
+            ``prev_values`` ``[n, V]`` and ``forward_inputs`` (observation entries plus
+            ``action_tokens`` ``[n, C, A]`` int64 vocabulary ids).
+        """
+        self._check_mode(mode)
+        config = self.model.config
+        with torch.no_grad():
+            inputs = self._read_obs(obs, needs_states=config.state_dim > 0)
+            out = self._run(inputs)
+            warped = self._warp(out.action_logits)
+            ids = sample_action_ids(warped, greedy=mode == "eval", generator=generator)
+            log_probs = token_log_probs(warped, ids)
+            batch = ids.shape[0]
+            tokens = ids.view(batch, config.num_action_chunks, config.action_dim)
+            actions = self.action_normalizer.denormalize(self.action_bins.ids_to_values(tokens))
+            values = self._values(out.values, batch)
+        return PolicyOutput(
+            actions=actions,
+            prev_logprobs=log_probs,
+            prev_values=values,
+            forward_inputs={**inputs, "action_tokens": tokens},
+        )
+
+    def default_forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Re-scores stored action tokens with gradients (same warping as the rollout).
+
+        Args:
+            forward_inputs: As returned by :meth:`predict_action_batch` (possibly re-batched).
+            compute_logprobs: Return ``logprobs`` ``[n, C*A]``.
+            compute_entropy: Return ``entropy`` ``[n, C*A]``.
+            compute_values: Return ``values`` ``[n, V]``.
+
+        Returns:
+            The requested float32 entries.
+
+        Raises:
+            KeyError: ``action_tokens`` missing while logprobs are requested.
+            ValueError: Values requested without a value head.
+        """
+        if compute_values:
+            self._check_values_requested(self.model.value_head is not None)
+        inputs = self._read_obs(forward_inputs, needs_states=self.model.config.state_dim > 0)
+        out = self._run(inputs)
+        result: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            warped = self._warp(out.action_logits)
+            if compute_logprobs:
+                if "action_tokens" not in forward_inputs:
+                    raise KeyError(
+                        "forward_inputs has no 'action_tokens'; pass the forward_inputs "
+                        "returned by predict_action_batch"
+                    )
+                tokens = forward_inputs["action_tokens"].to(warped.device)
+                result["logprobs"] = token_log_probs(warped, tokens.reshape(tokens.shape[0], -1))
+            if compute_entropy:
+                result["entropy"] = token_entropy(warped)
+        if compute_values:
+            assert out.values is not None
+            result["values"] = out.values
+        return result
+
+    def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
+        """Values ``[n, V]`` (float32, no grad; zeros without a value head)."""
+        with torch.no_grad():
+            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            out = self._run(inputs)
+            return self._values(out.values, int(inputs["task_ids"].shape[0]))
+
+
+@register_policy("flow_vla")
+class FlowVLAPolicy(_VLAPolicy):
+    """pi0-style flow-matching VLA (see :mod:`.modeling_flow`).
+
+    Logprobs and entropy cover the executed chunk only, ``[n, C * A_env]``; values ``[n, V]``.
+    """
+
+    model_class = FlowVLAModel
+    config_class = FlowVLAConfig
+    model: FlowVLAModel
+
+    def _set_model(self, model: PreTrainedModel) -> None:
+        assert isinstance(model, FlowVLAModel)
+        self.model = model
+
+    def _model_action_dim(self, config: Any) -> int:
+        return int(config.executed_action_dim)
+
+    def _executed(self, per_element: Tensor) -> Tensor:
+        """``[n, H, A]`` -> the executed ``[n, C, A_env]`` block."""
+        config = self.model.config
+        return per_element[:, : config.num_action_chunks, : config.executed_action_dim]
+
+    def _encode(self, inputs: Mapping[str, Tensor]) -> FlowPrefix:
+        batch = self._model_inputs(inputs)
+        return self.model.encode_prefix(
+            batch.pixel_values, batch.input_ids, batch.attention_mask, batch.states
+        )
+
+    def _values_of(self, prefix: FlowPrefix, batch: int) -> Tensor:
+        if self.model.value_head is None or not self.cfg.add_value_head:
+            return self._zero_values(batch)
+        return self.model.values(prefix)
+
+    def predict_action_batch(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        """Denoises an action chunk.
+
+        Args:
+            obs: ``main_images``, ``task_ids`` and (with a proprio token) ``states``.
+            mode: ``train`` samples with ``cfg.flow_sampler``/``cfg.noise_level``; ``eval``
+                integrates the ODE from the noise mean ``x_1 = 0``, a deterministic function
+                of the observation like a Gaussian policy's mean action (logprobs are zeros).
+            generator: Random generator for the noise and the stochastic step.
+
+        Returns:
+            Actions ``[n, C, A_env]`` (de-normalised float32), ``prev_logprobs``
+            ``[n, C*A_env]``, ``prev_values`` ``[n, V]`` and ``forward_inputs``
+            (observation entries plus ``chains`` and ``denoise_inds``).
+        """
+        self._check_mode(mode)
+        sampler = self.cfg.flow_sampler if mode == "train" else "ode"
+        with torch.no_grad():
+            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            prefix = self._encode(inputs)
+            sample = sample_chain(
+                self.model,
+                prefix,
+                sampler=sampler,
+                noise_level=self.cfg.noise_level,
+                generator=generator,
+                start_at_mean=mode == "eval",
+            )
+            batch = sample.chains.shape[0]
+            actions = self.action_normalizer.denormalize(self._executed(sample.actions))
+            log_probs = self._executed(sample.log_probs).reshape(batch, -1)
+            values = self._values_of(prefix, batch)
+        return PolicyOutput(
+            actions=actions,
+            prev_logprobs=log_probs,
+            prev_values=values,
+            forward_inputs={
+                **inputs,
+                "chains": sample.chains,
+                "denoise_inds": sample.denoise_inds,
+            },
+        )
+
+    def default_forward(
+        self,
+        forward_inputs: Mapping[str, Tensor],
+        compute_logprobs: bool = True,
+        compute_entropy: bool = False,
+        compute_values: bool = False,
+    ) -> dict[str, Tensor]:
+        """Re-scores the stored stochastic transitions with gradients.
+
+        Args:
+            forward_inputs: As returned by :meth:`predict_action_batch` (possibly re-batched).
+            compute_logprobs: Return ``logprobs`` ``[n, C*A_env]``.
+            compute_entropy: Return ``entropy`` ``[n, C*A_env]`` (Gaussian entropy of the
+                scored transitions; zeros for the ``ode`` sampler).
+            compute_values: Return ``values`` ``[n, V]``.
+
+        Returns:
+            The requested float32 entries.
+
+        Raises:
+            KeyError: ``chains``/``denoise_inds`` missing while logprobs are requested.
+            ValueError: Values requested without a value head.
+        """
+        if compute_values:
+            self._check_values_requested(self.model.value_head is not None)
+        inputs = self._read_obs(forward_inputs, needs_states=self.model.config.state_dim > 0)
+        prefix = self._encode(inputs)
+        result: dict[str, Tensor] = {}
+        if compute_logprobs or compute_entropy:
+            missing = [key for key in ("chains", "denoise_inds") if key not in forward_inputs]
+            if missing:
+                raise KeyError(
+                    f"forward_inputs lacks {missing}; pass the forward_inputs returned by "
+                    "predict_action_batch"
+                )
+            log_probs, entropy = score_chain(
+                self.model,
+                prefix,
+                forward_inputs["chains"],
+                forward_inputs["denoise_inds"],
+                sampler=self.cfg.flow_sampler,
+                noise_level=self.cfg.noise_level,
+            )
+            batch = log_probs.shape[0]
+            if compute_logprobs:
+                result["logprobs"] = self._executed(log_probs).reshape(batch, -1)
+            if compute_entropy:
+                result["entropy"] = self._executed(entropy).reshape(batch, -1)
+        if compute_values:
+            result["values"] = self.model.values(prefix)
+        return result
+
+    def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
+        """Values ``[n, V]`` (float32, no grad; zeros without a value head)."""
+        with torch.no_grad():
+            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            return self._values_of(self._encode(inputs), int(inputs["task_ids"].shape[0]))
+
+    def flow_matching_loss(
+        self,
+        obs: Mapping[str, Tensor],
+        actions: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Supervised flow-matching loss of expert action chunks (for SFT / warm starts).
+
+        Args:
+            obs: Observations, as for :meth:`predict_action_batch`.
+            actions: ``[n, H, A_env]`` expert actions in env units (normalised here;
+                model dims beyond ``A_env`` are trained towards 0).
+            generator: Random generator for the noise and times.
+
+        Returns:
+            The scalar loss, with gradients.
+
+        Raises:
+            ValueError: ``actions`` is not ``[n, H, A_env]``.
+        """
+        config = self.model.config
+        expected = (config.action_horizon, config.executed_action_dim)
+        if actions.ndim != 3 or tuple(actions.shape[1:]) != expected:
+            raise ValueError(
+                f"actions must be [n, H={expected[0]}, A_env={expected[1]}], got "
+                f"{tuple(actions.shape)}"
+            )
+        inputs = self._read_obs(obs, needs_states=config.state_dim > 0)
+        prefix = self._encode(inputs)
+        normalized = self.action_normalizer.normalize(actions.to(self.prompt_ids.device))
+        pad = config.action_dim - config.executed_action_dim
+        if pad:
+            normalized = torch.nn.functional.pad(normalized, (0, pad))
+        return flow_matching_loss(self.model, prefix, normalized, generator=generator)
