@@ -69,6 +69,8 @@ def edit(path: str, value: Any) -> dict[str, Any]:
         ("env.eval.max_steps_per_rollout_epoch", 100, "env.eval.max_steps_per_rollout_epoch", []),
         ("actor.optim.lr_scheduler", "cosine_warm", "actor.optim.lr_scheduler", ["cosine"]),
         ("rollout.pipeline_stages", 2, "rollout.pipeline_stages", ["pipeline_stage_num"]),
+        ("algorithm.logprob_type", "chunk_level", "algorithm.logprob_type", ["reward_type"]),
+        ("actor.optim.lr", -1e-3, "actor.optim.lr", []),
     ],
 )
 def test_errors_name_the_key_the_value_and_the_fix(

@@ -320,6 +320,137 @@ def test_lang_reach_instructions_travel_through_the_runner(
     assert "eval/success_once" in metrics and "env/success_once" in metrics
 
 
+# ----------------------------------------------------------------------------- VLAs
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="VLAs need rlinf-embodied[vla]"
+)
+
+VLA_SMALL = [
+    "env.train.num_envs=16",
+    "env.eval.num_envs=8",
+    "actor.global_batch_size=64",
+    "actor.micro_batch_size=32",
+    "runner.max_epochs=2",
+    "runner.val_check_interval=2",
+    "runner.val_before_train=false",
+]
+PPO = [
+    "algorithm.adv_type=gae",
+    "algorithm.loss_type=actor_critic",
+    "algorithm.group_size=1",
+    "env.train.group_size=1",
+    "algorithm.gamma=0.99",
+    "algorithm.gae_lambda=0.95",
+    "algorithm.normalize_advantages=true",
+    "actor.model.add_value_head=true",
+    "++actor.model.value_type=chunk_level",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_vlas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Random tiny VLAs for lang_reach (built from configs, loaded through model_path)."""
+    from rlinf.embodied.models.vla.tiny import make_tiny_vla
+
+    root = tmp_path_factory.mktemp("vlas")
+    return {
+        f"{kind}{suffix}": make_tiny_vla(
+            kind,  # type: ignore[arg-type]
+            root / f"{kind}{suffix}",
+            state_dim=2,
+            add_value_head=head,
+            value_type="chunk_level",
+        )
+        for kind in ("token", "flow")
+        for suffix, head in (("", False), ("_critic", True))
+    }
+
+
+def run_vla(
+    groups: list[WorkerGroup],
+    tmp_path: Path,
+    config: str,
+    model_path: Path,
+    placement: dict[str, Any],
+    extra: Sequence[str] = (),
+) -> dict[str, float]:
+    actor, rollout, env = groups
+    cfg = make_config(
+        tmp_path,
+        config,
+        [*VLA_SMALL, f"actor.model.model_path={model_path}", *extra],
+        placement=placement,
+        config=config,
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        metrics = runner.run()
+    assert runner.global_step == 2
+    assert metrics["rollout/env_steps"] > 0 and "eval/success_once" in metrics
+    for key in ("train/actor/policy_loss", "train/actor/entropy_loss"):
+        assert math.isfinite(metrics[key]), (key, metrics[key])
+    return metrics
+
+
+@needs_transformers
+@pytest.mark.parametrize("kind", ["token", "flow"])
+def test_vla_grpo_at_learning_rate_zero_has_ratio_one(
+    hybrid: list[WorkerGroup], tmp_path: Path, tiny_vlas: dict[str, Path], kind: str
+) -> None:
+    """Hybrid placement; the actor re-scores exactly what the VLA rollout sampled."""
+    metrics = run_vla(
+        hybrid,
+        tmp_path,
+        f"lang_reach_grpo_{kind}_vla",
+        tiny_vlas[kind],
+        HYBRID,
+        ["actor.optim.lr=0"],
+    )
+    assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-5, metrics["train/actor/ratio"]
+    assert metrics["train/actor/clip_fraction"] == 0.0
+    assert abs(metrics["train/actor/approx_kl"]) < 1e-6
+
+
+@needs_transformers
+@pytest.mark.parametrize("kind", ["token", "flow"])
+def test_vla_ppo_with_value_head_collocated(
+    collocated: list[WorkerGroup], tmp_path: Path, tiny_vlas: dict[str, Path], kind: str
+) -> None:
+    metrics = run_vla(
+        collocated,
+        tmp_path,
+        f"lang_reach_grpo_{kind}_vla",
+        tiny_vlas[f"{kind}_critic"],
+        COLLOCATED,
+        PPO,
+    )
+    assert math.isfinite(metrics["train/critic/value_loss"])
+
+
+@needs_transformers
+def test_token_vla_grpo_disaggregated(
+    cluster: Cluster, tmp_path: Path, tiny_vlas: dict[str, Path]
+) -> None:
+    placement = {"actor": 0, "env": 1, "rollout": 2}
+    cfg = make_config(
+        tmp_path,
+        "vla-disaggregated",
+        [*VLA_SMALL, f"actor.model.model_path={tiny_vlas['token']}"],
+        placement=placement,
+        config="lang_reach_grpo_token_vla",
+    )
+    groups = launch(cluster, cfg, "vla-disaggregated")
+    try:
+        metrics = run_vla(
+            groups, tmp_path, "lang_reach_grpo_token_vla", tiny_vlas["token"], placement
+        )
+    finally:
+        for group in groups:
+            group.shutdown()
+    assert metrics["train/actor/ratio"] > 0
+
+
 # ----------------------------------------------------------------------------- learning + eval
 
 

@@ -156,6 +156,11 @@ class AlgorithmConfig(RLinfModel):
     reward_type: Literal["action_level", "chunk_level"] = Field(
         "action_level", description="Credit per sub-step or per chunk."
     )
+    logprob_type: Literal["token_level", "action_level", "chunk_level"] | None = Field(
+        None,
+        description="One PPO ratio per action dimension/token (token_level), per sub-step "
+        "(action_level) or per chunk (chunk_level); null: as reward_type.",
+    )
     bootstrap_type: Literal["standard", "always"] = Field(
         "standard",
         description="Add gamma * V(final obs) to the last reward on truncation (standard) "
@@ -274,6 +279,12 @@ class EmbodiedConfig(RLinfModel):
         alg, env, actor = self.algorithm, self.env, self.actor
         stages = self.rollout.pipeline_stage_num
         chunks = actor.model.num_action_chunks
+        if alg.logprob_type == "chunk_level" and alg.reward_type != "chunk_level":
+            raise ValueError(
+                "algorithm.logprob_type='chunk_level' needs one advantage per chunk, but "
+                f"algorithm.reward_type={alg.reward_type!r} gives one per sub-step; set "
+                "reward_type: chunk_level, or logprob_type: action_level / token_level"
+            )
         if alg.adv_type == "gae":
             if alg.loss_type != "actor_critic":
                 raise ValueError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -148,6 +149,43 @@ class BasePolicy(nn.Module, ABC):
     @abstractmethod
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
         """Values ``[n, V]`` (float32, no grad) of observations, e.g. final obs to bootstrap."""
+
+    def behaviour_cloning_loss(
+        self,
+        obs: Mapping[str, Tensor],
+        actions: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Supervised loss of expert action chunks (SFT / warm starts), with gradients.
+
+        Args:
+            obs: Observations, as for :meth:`predict_action_batch`.
+            actions: ``[n, C, A]`` expert actions in env units.
+            generator: Random generator, for losses that sample (flow matching).
+
+        Returns:
+            The scalar loss.
+
+        Raises:
+            NotImplementedError: The policy has no supervised loss.
+        """
+        raise NotImplementedError(
+            f"model_type {self.cfg.model_type!r} ({type(self).__name__}) has no "
+            "behaviour-cloning loss; implement behaviour_cloning_loss to SFT it"
+        )
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Writes a model directory that ``actor.model.model_path`` can load.
+
+        Raises:
+            NotImplementedError: The policy is not loaded from a model directory.
+        """
+        raise NotImplementedError(
+            f"model_type {self.cfg.model_type!r} is built from the config, not loaded from "
+            "a model_path, so it has no model directory to write (its weights live in "
+            "the run's checkpoints)"
+        )
 
     def forward(
         self,
@@ -344,6 +382,29 @@ class ActorCriticPolicy(BasePolicy):
         if compute_values:
             out["values"] = self._values(features)
         return out
+
+    def behaviour_cloning_loss(
+        self,
+        obs: Mapping[str, Tensor],
+        actions: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Mean negative log-likelihood of expert chunks under the action head.
+
+        Args:
+            obs: Observations (see :class:`BasePolicy`).
+            actions: ``[n, C, A]`` expert actions (discrete: indices as floats).
+            generator: Unused (the likelihood is exact).
+
+        Returns:
+            The scalar loss, with gradients.
+        """
+        features = self._encode(self._to_device(self._select_inputs(obs)))
+        params = self.action_head(self.actor_backbone(features))
+        target = actions.to(params.device)
+        target = target.round().long() if self.spec.discrete else target.float()
+        return -self.action_head.log_prob(params, target).mean()
 
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
         """Values ``[n, V]`` of ``obs`` without gradients (zeros without a value head).

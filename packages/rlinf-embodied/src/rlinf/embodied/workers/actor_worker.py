@@ -67,6 +67,7 @@ class _TrainData:
     n: int
     chunks: int
     chunk_level: bool
+    logprob_level: str
     inputs: dict[str, torch.Tensor]
     old_logprobs: torch.Tensor
     old_values: torch.Tensor
@@ -438,7 +439,8 @@ class EmbodiedFSDPActor(Worker):
         t, b, chunks = traj.rewards.shape
         n, dev = t * b, self.device
         chunk_level = alg.reward_type == "chunk_level"
-        old_logprobs = _per_chunk_logprobs(traj.prev_logprobs.reshape(n, -1), chunks, chunk_level)
+        level = alg.logprob_type or alg.reward_type
+        old_logprobs = _at_level(traj.prev_logprobs.reshape(n, -1), chunks, level)
         old_values = traj.prev_values[:-1].reshape(n, -1)
         if chunk_level:
             old_values = old_values[:, :1]
@@ -451,6 +453,7 @@ class EmbodiedFSDPActor(Worker):
             n=n,
             chunks=chunks,
             chunk_level=chunk_level,
+            logprob_level=level,
             inputs={k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()},
             old_logprobs=old_logprobs.to(dev),
             old_values=old_values.to(dev),
@@ -474,16 +477,19 @@ class EmbodiedFSDPActor(Worker):
         )
         mask = data.mask[idx]
         mask_sum = data.mask_sum[idx] if data.mask_sum is not None else None
-        # Clipped surrogate on the (chunk-level or per-step) log-probabilities.
+        # Clipped surrogate on the log-probabilities at logprob_level (per token, sub-step
+        # or chunk); advantages and masks are repeated to that width.
+        logprobs = _at_level(out["logprobs"], data.chunks, data.logprob_level)
+        width = logprobs.shape[1]
         loss, metrics = get_policy_loss(alg.loss_type)(
-            logprobs=_per_chunk_logprobs(out["logprobs"], data.chunks, data.chunk_level),
+            logprobs=logprobs,
             old_logprobs=data.old_logprobs[idx],
-            advantages=data.advantages[idx],
-            loss_mask=mask,
+            advantages=_widen(data.advantages[idx], width),
+            loss_mask=_widen(mask, width),
             clip_ratio_low=alg.clip_ratio_low,
             clip_ratio_high=alg.clip_ratio_high,
             loss_agg_mode=alg.loss_agg_mode,
-            loss_mask_sum=mask_sum,
+            loss_mask_sum=None if mask_sum is None else _widen(mask_sum, width, scale=True),
             max_episode_steps=self._max_episode_steps,
         )
         if critic:
@@ -504,9 +510,8 @@ class EmbodiedFSDPActor(Worker):
             loss = loss + vloss
             metrics.update(value_metrics)
         # Entropy bonus (logged either way).
-        entropy = masked_mean(
-            _per_chunk_logprobs(out["entropy"], data.chunks, data.chunk_level), mask
-        )
+        entropy_at_level = _at_level(out["entropy"], data.chunks, data.logprob_level)
+        entropy = masked_mean(entropy_at_level, _widen(mask, entropy_at_level.shape[1]))
         if alg.entropy_bonus > 0:
             loss = loss - alg.entropy_bonus * entropy
         torch.autograd.backward(loss / accum)
@@ -568,8 +573,23 @@ class EmbodiedFSDPActor(Worker):
         return self.global_step
 
 
-def _per_chunk_logprobs(values: torch.Tensor, chunks: int, chunk_level: bool) -> torch.Tensor:
-    """[n, C * A] or [n, C] per-dimension values summed to [n, C] (or [n, 1] per chunk)."""
+def _at_level(values: torch.Tensor, chunks: int, level: str) -> torch.Tensor:
+    """[n, C * A] per-dimension values as [n, C * A] (token_level), [n, C] or [n, 1] sums."""
     n = values.shape[0]
-    per_chunk = values.reshape(n, chunks, -1).sum(dim=-1)
-    return per_chunk.sum(dim=-1, keepdim=True) if chunk_level else per_chunk
+    if level == "token_level":
+        return values.reshape(n, -1)
+    per_step = values.reshape(n, chunks, -1).sum(dim=-1)
+    return per_step.sum(dim=-1, keepdim=True) if level == "chunk_level" else per_step
+
+
+def _widen(values: torch.Tensor, width: int, *, scale: bool = False) -> torch.Tensor:
+    """[n, k] repeated along dim 1 to [n, width] (each column ``width / k`` times).
+
+    With ``scale`` the repeated values are multiplied by ``width / k`` (mask sums: a
+    sub-step counts as ``A`` token entries).
+    """
+    repeats = width // values.shape[1]
+    if repeats == 1:
+        return values
+    widened = values.repeat_interleave(repeats, dim=1)
+    return widened * repeats if scale else widened

@@ -22,6 +22,7 @@ with; eval mode is deterministic (argmax / ODE).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,29 @@ class _VLAPolicy(BasePolicy):
 
     def _set_model(self, model: PreTrainedModel) -> None:
         raise NotImplementedError
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Writes this policy's model directory (what ``model_path`` loads).
+
+        Weights and ``config.json``, plus the files the policy was loaded with
+        (tokenizer, ``preprocessor_config.json``, ``dataset_statistics.json``).
+
+        Args:
+            out_dir: The directory (created; may be the one loaded from).
+
+        Returns:
+            ``out_dir``, loadable as ``actor.model.model_path``.
+        """
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if out.resolve() != self.model_path.resolve():
+            for item in self.model_path.iterdir():
+                if item.is_file() and item.name != "config.json" and item.suffix != ".safetensors":
+                    shutil.copy2(item, out / item.name)
+        model = self.model
+        assert isinstance(model, PreTrainedModel)
+        model.save_pretrained(str(out))
+        return out
 
     @classmethod
     def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
@@ -399,6 +423,36 @@ class TokenVLAPolicy(_VLAPolicy):
             out = self._run(inputs)
             return self._values(out.values, int(inputs["task_ids"].shape[0]))
 
+    def behaviour_cloning_loss(
+        self,
+        obs: Mapping[str, Tensor],
+        actions: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Cross-entropy of the expert's binned action tokens (temperature 1, all bins).
+
+        Args:
+            obs: Observations, as for :meth:`predict_action_batch`.
+            actions: ``[n, C, A]`` expert actions in env units (normalised and binned here).
+            generator: Unused.
+
+        Returns:
+            The scalar loss, with gradients.
+        """
+        config = self.model.config
+        expected = (config.num_action_chunks, config.action_dim)
+        if actions.ndim != 3 or tuple(actions.shape[1:]) != expected:
+            raise ValueError(
+                f"actions must be [n, C={expected[0]}, A={expected[1]}], got {tuple(actions.shape)}"
+            )
+        out = self._run(self._read_obs(obs, needs_states=config.state_dim > 0))
+        logits = warp_action_logits(out.action_logits, self.action_bins, 1.0, 0)
+        normalized = self.action_normalizer.normalize(actions.to(logits.device).float())
+        targets = self.action_bins.values_to_ids(normalized).reshape(actions.shape[0], -1)
+        log_probs = token_log_probs(logits, targets)
+        return -log_probs.mean()
+
 
 @register_policy("flow_vla")
 class FlowVLAPolicy(_VLAPolicy):
@@ -540,6 +594,16 @@ class FlowVLAPolicy(_VLAPolicy):
         with torch.no_grad():
             inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
             return self._values_of(self._encode(inputs), int(inputs["task_ids"].shape[0]))
+
+    def behaviour_cloning_loss(
+        self,
+        obs: Mapping[str, Tensor],
+        actions: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """The flow-matching loss of expert chunks (see :meth:`flow_matching_loss`)."""
+        return self.flow_matching_loss(obs, actions, generator=generator)
 
     def flow_matching_loss(
         self,
