@@ -169,3 +169,11 @@ def test_build_policy_precision_and_device() -> None:
     policy = build_policy(PolicyConfig(precision="bf16", hidden_dims=[8]), STATE_SPEC, device="cpu")
     assert policy.dtype == torch.bfloat16
     assert policy.device == torch.device("cpu")
+
+
+def test_lora_on_a_policy_without_adapters_is_refused() -> None:
+    from rlinf.embodied.models.config import LoRAConfig
+
+    cfg = PolicyConfig(model_type="mlp", lora=LoRAConfig(rank=4))
+    with pytest.raises(ValueError, match=r"actor.model.lora is set but model_type 'mlp'"):
+        build_policy(cfg, STATE_SPEC)

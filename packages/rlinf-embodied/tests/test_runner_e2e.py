@@ -335,17 +335,6 @@ VLA_SMALL = [
     "runner.val_check_interval=2",
     "runner.val_before_train=false",
 ]
-PPO = [
-    "algorithm.adv_type=gae",
-    "algorithm.loss_type=actor_critic",
-    "algorithm.group_size=1",
-    "env.train.group_size=1",
-    "algorithm.gamma=0.99",
-    "algorithm.gae_lambda=0.95",
-    "algorithm.normalize_advantages=true",
-    "actor.model.add_value_head=true",
-    "++actor.model.value_type=chunk_level",
-]
 
 
 @pytest.fixture(scope="module")
@@ -413,6 +402,36 @@ def test_vla_grpo_at_learning_rate_zero_has_ratio_one(
 
 
 @needs_transformers
+def test_token_vla_lora_weights_sync_to_the_rollout(
+    hybrid: list[WorkerGroup], tmp_path: Path, tiny_vlas: dict[str, Path]
+) -> None:
+    """LoRA through the runner: after a training step and a sync, rollout == actor."""
+    actor, rollout, env = hybrid
+    cfg = make_config(
+        tmp_path,
+        "lora",
+        [
+            *VLA_SMALL,
+            f"actor.model.model_path={tiny_vlas['token']}",
+            "++env.train.env_kwargs={reward: shaped}",  # a signal from the random init
+        ],
+        placement=HYBRID,
+        config="lang_reach_grpo_token_vla_lora",
+    )
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        before = actor.get_full_state_dict().wait(timeout=120)[0]
+        metrics = runner.run()
+        after = actor.get_full_state_dict().wait(timeout=120)[0]
+        runner.update_rollout_weights()
+        (weights,) = rollout.get_weights().wait(timeout=120)
+    assert math.isfinite(metrics["train/actor/policy_loss"])
+    assert set(weights) == set(after) and all(torch.equal(weights[k], after[k]) for k in after)
+    changed = {k for k in after if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed), sorted(changed)[:5]
+
+
+@needs_transformers
 @pytest.mark.parametrize("kind", ["token", "flow"])
 def test_vla_ppo_with_value_head_collocated(
     collocated: list[WorkerGroup], tmp_path: Path, tiny_vlas: dict[str, Path], kind: str
@@ -420,10 +439,9 @@ def test_vla_ppo_with_value_head_collocated(
     metrics = run_vla(
         collocated,
         tmp_path,
-        f"lang_reach_grpo_{kind}_vla",
+        f"lang_reach_ppo_{kind}_vla",
         tiny_vlas[f"{kind}_critic"],
         COLLOCATED,
-        PPO,
     )
     assert math.isfinite(metrics["train/critic/value_loss"])
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,9 @@ class BasePolicy(nn.Module, ABC):
     Raises:
         ValueError: The spec does not suit this policy (see :meth:`check_spec`).
     """
+
+    supports_lora: ClassVar[bool] = False
+    """Whether ``actor.model.lora`` applies to this policy (the VLAs)."""
 
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__()

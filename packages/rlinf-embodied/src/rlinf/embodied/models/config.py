@@ -7,6 +7,7 @@ Observation and action sizes are not part of it: they come from the env's
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -15,7 +16,15 @@ from pydantic import Field, field_validator
 
 from rlinf.core.config import RLinfModel
 
-__all__ = ["Activation", "FlowSampler", "PolicyConfig", "Precision", "ValueType"]
+__all__ = [
+    "DEFAULT_LORA_TARGET_MODULES",
+    "Activation",
+    "FlowSampler",
+    "LoRAConfig",
+    "PolicyConfig",
+    "Precision",
+    "ValueType",
+]
 
 Activation = Literal["tanh", "relu", "elu", "gelu", "silu"]
 """Hidden-layer nonlinearities a policy can use."""
@@ -40,6 +49,119 @@ def _default_hidden_dims() -> list[int]:
 
 def _default_cnn_channels() -> list[int]:
     return [32, 64, 64]
+
+
+DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "out_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "fc1",
+    "fc2",
+)
+"""Module-name suffixes LoRA adapts by default: SigLIP attention (``q/k/v/out_proj``) and
+MLP (``fc1/fc2``), Llama attention (``q/k/v/o_proj``) and MLP (``gate/up/down_proj``)."""
+
+
+class LoRAConfig(RLinfModel):
+    """Low-rank adapters on the VLA backbones (``actor.model.lora``; VLAs only).
+
+    With this section set, the backbone weights are frozen and only the adapters
+    plus the value head (and a flow VLA's noise head) train. Rollout and actor
+    read the same section, so both build the same adapter structure.
+
+    Attributes:
+        rank: ``r``, the rank of every adapter.
+        alpha: ``lora_alpha``; the update is scaled by ``alpha / rank`` (null: ``rank``,
+            i.e. scale 1).
+        dropout: Dropout on the adapter input. Keep 0 for RL: with dropout the actor's
+            train-mode re-scoring no longer matches the rollout's logprobs.
+        target_modules: Module-name suffixes to adapt (null:
+            :data:`DEFAULT_LORA_TARGET_MODULES`). Every entry must match some module.
+        path: A saved adapter directory (``adapter_config.json``, as written by the
+            policy's ``save_pretrained`` into ``<out_dir>/adapter``) to load trainable
+            instead of starting fresh adapters.
+    """
+
+    rank: int = Field(description="LoRA rank r (>= 1).")
+    alpha: float | None = Field(
+        default=None, description="lora_alpha; the update scale is alpha / rank (null: rank)."
+    )
+    dropout: float = Field(
+        default=0.0, description="Adapter input dropout in [0, 1); keep 0 for RL."
+    )
+    target_modules: list[str] | None = Field(
+        default=None,
+        description="Module-name suffixes to adapt (null: SigLIP and Llama projections).",
+    )
+    path: Path | None = Field(
+        default=None, description="Saved adapter directory to load trainable (null: fresh)."
+    )
+
+    @field_validator("rank")
+    @classmethod
+    def _check_rank(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(
+                f"actor.model.lora.rank={value} must be at least 1; set e.g. "
+                "actor.model.lora.rank: 16, or remove actor.model.lora to train without LoRA"
+            )
+        return value
+
+    @field_validator("alpha")
+    @classmethod
+    def _check_alpha(cls, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"actor.model.lora.alpha={value} must be a positive finite number; set it to "
+                "e.g. the rank, or to null (alpha = rank)"
+            )
+        return value
+
+    @field_validator("dropout")
+    @classmethod
+    def _check_dropout(cls, value: float) -> float:
+        if not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"actor.model.lora.dropout={value} must lie in [0, 1); set "
+                "actor.model.lora.dropout: 0 (recommended for RL)"
+            )
+        return value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _check_target_modules(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        bad = [name for name in value if not name or name != name.strip()]
+        if not value or bad:
+            raise ValueError(
+                f"actor.model.lora.target_modules={value} must list non-empty module-name "
+                "suffixes (no blanks), e.g. [q_proj, v_proj]; set it to null for the default "
+                f"{list(DEFAULT_LORA_TARGET_MODULES)}"
+            )
+        if len(set(value)) != len(value):
+            repeated = sorted({name for name in value if value.count(name) > 1})
+            raise ValueError(
+                f"actor.model.lora.target_modules={value} repeats {repeated}; list each suffix once"
+            )
+        return value
+
+    @property
+    def lora_alpha(self) -> float:
+        """The effective ``alpha`` (``rank`` when unset)."""
+        return float(self.rank) if self.alpha is None else self.alpha
+
+    @property
+    def modules(self) -> list[str]:
+        """The effective target suffixes (the default list when unset)."""
+        if self.target_modules is None:
+            return list(DEFAULT_LORA_TARGET_MODULES)
+        return list(self.target_modules)
 
 
 class PolicyConfig(RLinfModel):
@@ -67,6 +189,8 @@ class PolicyConfig(RLinfModel):
             actions (null: the only entry).
         flow_sampler: Flow VLAs: train-mode sampler (see :data:`FlowSampler`).
         noise_level: Flow VLAs: noise scale of the ``sde`` sampler.
+        lora: VLAs: low-rank adapters on the backbones (null: train every weight);
+            see :class:`LoRAConfig`.
     """
 
     model_type: str = Field(
@@ -113,6 +237,9 @@ class PolicyConfig(RLinfModel):
     )
     noise_level: float = Field(
         default=0.5, gt=0, allow_inf_nan=False, description="Flow VLAs: sde noise scale."
+    )
+    lora: LoRAConfig | None = Field(
+        default=None, description="VLAs: LoRA adapters on the backbones (null: full training)."
     )
 
     @field_validator("model_type")

@@ -121,5 +121,10 @@ def build_policy(
             message says which model_type or obs_mode to use instead).
     """
     cls = get_policy_class(cfg.model_type)
+    if cfg.lora is not None and not cls.supports_lora:
+        raise ValueError(
+            f"actor.model.lora is set but model_type {cfg.model_type!r} does not support LoRA "
+            "(only the VLAs, token_vla and flow_vla, do); remove actor.model.lora"
+        )
     policy = cls(cfg, spec)
     return policy.to(device=device, dtype=cfg.torch_dtype)

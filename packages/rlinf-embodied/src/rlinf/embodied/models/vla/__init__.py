@@ -10,20 +10,23 @@ Modules: :mod:`.configuration` (HF configs), :mod:`.backbones` (SigLIP, Llama,
 projector, value MLP, masks), :mod:`.preprocessing`, :mod:`.instructions`,
 :mod:`.statistics`, :mod:`.action_bins` + :mod:`.token_sampling` +
 :mod:`.modeling_token` (token family), :mod:`.flow_sampling` +
-:mod:`.modeling_flow` (flow family), :mod:`.policy` (``BasePolicy`` wrappers) and
+:mod:`.modeling_flow` (flow family), :mod:`.lora` (PEFT adapters, ``actor.model.lora``),
+:mod:`.policy` (``BasePolicy`` wrappers) and
 :mod:`.tiny` (``make_tiny_vla`` and its CLI; not imported here so that
 ``python -m rlinf.embodied.models.vla.tiny`` runs cleanly).
 """
 
 try:
+    import peft  # noqa: F401
     import transformers  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the dev environment has it
     raise ImportError(
-        "the VLA policies (token_vla, flow_vla) need transformers, tokenizers and "
-        "safetensors: install the extra with `pip install 'rlinf-embodied[vla]'`"
+        "the VLA policies (token_vla, flow_vla) need transformers, tokenizers, "
+        "safetensors and peft: install the extra with `pip install 'rlinf-embodied[vla]'`"
     ) from exc
 
 from rlinf.embodied.models.vla.configuration import FlowVLAConfig, TokenVLAConfig
+from rlinf.embodied.models.vla.lora import apply_lora, count_parameters
 from rlinf.embodied.models.vla.modeling_flow import FlowVLAModel, flow_matching_loss
 from rlinf.embodied.models.vla.modeling_token import TokenVLAModel
 from rlinf.embodied.models.vla.policy import FlowVLAPolicy, TokenVLAPolicy
@@ -35,5 +38,7 @@ __all__ = [
     "TokenVLAConfig",
     "TokenVLAModel",
     "TokenVLAPolicy",
+    "apply_lora",
+    "count_parameters",
     "flow_matching_loss",
 ]

@@ -18,10 +18,19 @@ deterministic preprocessing) plus ``action_tokens`` [n, C, A] int64 (token) or
 Train-mode sampling reads ``cfg.temperature``/``cfg.top_k`` or
 ``cfg.flow_sampler``/``cfg.noise_level``, the same fields the actor re-scores
 with; eval mode is deterministic (argmax / ODE).
+
+LoRA (``actor.model.lora``): the loaded model gets adapters through
+:func:`~rlinf.embodied.models.vla.lora.apply_lora` before the policy stores it.
+PEFT injects them in place, so ``self.model`` stays the typed VLA model (every
+method the policy calls works unchanged) and the ``PeftModel`` wrapper is kept
+outside the module tree, only for saving; the state dict therefore has the same
+keys in every policy built from the same config (rollout and actor). Nothing is
+merged on the hot path.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +38,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from peft import PeftModel
+from safetensors.torch import save_file
 from torch import Tensor
 from transformers import AutoModel, PreTrainedModel
 
@@ -38,6 +49,14 @@ from rlinf.embodied.models.config import PolicyConfig
 from rlinf.embodied.models.registry import register_policy
 from rlinf.embodied.models.vla.configuration import FlowVLAConfig, TokenVLAConfig
 from rlinf.embodied.models.vla.instructions import encode_instructions, load_instruction_tokenizer
+from rlinf.embodied.models.vla.lora import (
+    ADAPTER_DIR,
+    HEADS_FILE,
+    apply_lora,
+    base_state_dict,
+    head_state_dict,
+    merged_copy,
+)
 from rlinf.embodied.models.vla.modeling_flow import (
     FlowPrefix,
     FlowVLAModel,
@@ -94,10 +113,13 @@ class _VLAPolicy(BasePolicy):
         spec: The env spec (continuous actions, images and instructions required).
     """
 
+    supports_lora = True
     model_class: ClassVar[type[PreTrainedModel]]
     config_class: ClassVar[type[TokenVLAConfig] | type[FlowVLAConfig]]
     prompt_ids: Tensor
     prompt_mask: Tensor
+    peft_model: PeftModel | None
+    """The PEFT wrapper of ``self.model`` when ``cfg.lora`` is set (not a submodule)."""
 
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__(cfg, spec)
@@ -120,6 +142,10 @@ class _VLAPolicy(BasePolicy):
         )
         self.register_buffer("prompt_ids", ids, persistent=False)
         self.register_buffer("prompt_mask", mask, persistent=False)
+        # Kept out of the module tree (its parameters are self.model's): registering it
+        # would duplicate every key in state_dict under a second prefix.
+        peft_model = None if cfg.lora is None else apply_lora(model, cfg.lora)
+        object.__setattr__(self, "peft_model", peft_model)
         self._set_model(model)
 
     def _set_model(self, model: PreTrainedModel) -> None:
@@ -130,6 +156,11 @@ class _VLAPolicy(BasePolicy):
 
         Weights and ``config.json``, plus the files the policy was loaded with
         (tokenizer, ``preprocessor_config.json``, ``dataset_statistics.json``).
+        With LoRA the weights are the plain base model (adapter layers unwrapped,
+        nothing merged), and ``out_dir/adapter`` holds the PEFT adapter plus the
+        trainable heads (``trainable_heads.safetensors``); ``model_path: out_dir``
+        with ``lora.path: out_dir/adapter`` rebuilds this policy exactly, and so
+        does the original base ``model_path`` with that ``lora.path``.
 
         Args:
             out_dir: The directory (created; may be the one loaded from).
@@ -145,8 +176,31 @@ class _VLAPolicy(BasePolicy):
                     shutil.copy2(item, out / item.name)
         model = self.model
         assert isinstance(model, PreTrainedModel)
-        model.save_pretrained(str(out))
+        if self.peft_model is None:
+            model.save_pretrained(str(out))
+            return out
+        model.save_pretrained(str(out), state_dict=base_state_dict(model))
+        adapter = out / ADAPTER_DIR
+        self.peft_model.save_pretrained(str(adapter))
+        save_file(head_state_dict(model), str(adapter / HEADS_FILE))
         return out
+
+    def merged_model(self) -> PreTrainedModel:
+        """A copy of the model with the LoRA updates folded into the weights (export only).
+
+        The policy is untouched. ``merged.save_pretrained(dir)`` plus the tokenizer and
+        statistics files gives a plain directory loadable without ``lora``.
+
+        Returns:
+            The merged, adapter-free model (a copy of ``self.model`` without LoRA).
+        """
+        model = self.model
+        assert isinstance(model, PreTrainedModel)
+        if self.peft_model is None:
+            return copy.deepcopy(model)
+        merged = merged_copy(self.peft_model)
+        assert isinstance(merged, PreTrainedModel)
+        return merged
 
     @classmethod
     def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:

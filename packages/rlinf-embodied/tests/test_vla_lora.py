@@ -1,0 +1,325 @@
+"""LoRA on both VLA families: identity at init, what trains, save/reload, rollout/actor
+state-dict compatibility, logprob parity with adapters on, and config errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch import Tensor, nn
+
+from rlinf.embodied.models import BasePolicy, PolicyConfig, build_policy
+from rlinf.embodied.models.config import DEFAULT_LORA_TARGET_MODULES, LoRAConfig
+from rlinf.embodied.models.vla.lora import HEADS_FILE, count_parameters
+from rlinf.embodied.models.vla.policy import FlowVLAPolicy, TokenVLAPolicy
+from rlinf.embodied.models.vla.tiny import make_tiny_vla, random_observations, tiny_env_spec
+
+STATE_DIM, ACTION_DIM, CHUNKS, HORIZON, N, RANK = 2, 2, 3, 4, 5, 16
+KINDS = ("token", "flow")
+HEADS = {"token": ("value_head",), "flow": ("value_head", "noise_head")}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _offline_single_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora_vla")
+    common: dict[str, Any] = {
+        "state_dim": STATE_DIM,
+        "action_dim": ACTION_DIM,
+        "num_action_chunks": CHUNKS,
+    }
+    return {
+        "token": make_tiny_vla("token", root / "token", seed=3, **common),
+        "flow": make_tiny_vla("flow", root / "flow", seed=4, action_horizon=HORIZON, **common),
+    }
+
+
+def spec() -> Any:
+    return tiny_env_spec(state_dim=STATE_DIM, action_dim=ACTION_DIM)
+
+
+def make_policy(
+    kind: str, model_path: Path, lora: LoRAConfig | None = None, **overrides: Any
+) -> BasePolicy:
+    cfg = PolicyConfig(
+        model_type=f"{kind}_vla",
+        model_path=model_path,
+        num_action_chunks=CHUNKS,
+        lora=lora,
+        **overrides,
+    )
+    policy = build_policy(cfg, spec())
+    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
+    return policy
+
+
+def observations(n: int = N, seed: int = 0) -> dict[str, Tensor]:
+    return random_observations(spec(), n, torch.Generator().manual_seed(seed))
+
+
+def outputs(policy: BasePolicy, obs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Eval actions, train actions/logprobs (fixed generator) and values."""
+    evaluated = policy.predict_action_batch(obs, "eval")
+    sampled = policy.predict_action_batch(obs, "train", generator=torch.Generator().manual_seed(9))
+    assert sampled.prev_logprobs is not None and sampled.prev_values is not None
+    return {
+        "eval_actions": evaluated.actions,
+        "train_actions": sampled.actions,
+        "logprobs": sampled.prev_logprobs,
+        "values": sampled.prev_values,
+    }
+
+
+def assert_identical(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    return max(float((a[key] - b[key]).abs().max()) for key in a)
+
+
+def lora_b(policy: BasePolicy) -> list[nn.Parameter]:
+    return [p for name, p in policy.named_parameters() if "lora_B" in name]
+
+
+def perturb_adapters(policy: BasePolicy, seed: int = 0, std: float = 0.05) -> None:
+    """Gives every ``B`` a random value so the adapters change the outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in lora_b(policy):
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+
+
+def expert_actions(policy: BasePolicy, n: int = N) -> Tensor:
+    """Random in-range expert actions in the shape ``behaviour_cloning_loss`` takes."""
+    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
+    config = policy.model.config
+    steps = config.num_action_chunks if isinstance(policy, TokenVLAPolicy) else HORIZON
+    return torch.rand(n, steps, ACTION_DIM, generator=torch.Generator().manual_seed(1)) * 2 - 1
+
+
+def train_step(policy: BasePolicy, lr: float = 0.5) -> None:
+    """One SGD step on the behaviour-cloning loss over ALL parameters (frozen ones included)."""
+    optimizer = torch.optim.SGD(policy.parameters(), lr=lr)
+    loss = policy.behaviour_cloning_loss(
+        observations(), expert_actions(policy), generator=torch.Generator().manual_seed(2)
+    )
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fresh_adapter_leaves_outputs_unchanged(kind: str, model_dirs: dict[str, Path]) -> None:
+    plain = make_policy(kind, model_dirs[kind])
+    adapted = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
+    assert lora_b(adapted) and all(not bool(p.any()) for p in lora_b(adapted))
+    obs = observations()
+    reference = outputs(plain, obs)
+    # B = 0 adds exact zeros, but the extra add can change the memory layout a later
+    # kernel sees, so the flow VLA's 4-step ODE may differ in the last bits (~1e-7)
+    assert max_difference(outputs(adapted, obs), reference) <= 1e-6
+    # the check can fail: a non-zero B changes the outputs
+    perturb_adapters(adapted)
+    assert max_difference(outputs(adapted, obs), reference) > 1e-4
+
+
+def hand_count(kind: str, plain: BasePolicy) -> int:
+    """``r * (in + out)`` per adapted linear layer, plus every head parameter."""
+    count = 0
+    for name, module in plain.named_modules():
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGET_MODULES:
+            count += RANK * (module.in_features + module.out_features)
+    for head in HEADS[kind]:
+        count += sum(p.numel() for p in getattr(plain.model, head).parameters())
+    return count
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_adapters_and_heads_are_trainable(kind: str, model_dirs: dict[str, Path]) -> None:
+    plain = make_policy(kind, model_dirs[kind])
+    adapted = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
+    expected = hand_count(kind, plain)
+    assert count_parameters(adapted.parameters()) == expected
+    heads = sum(p.numel() for head in HEADS[kind] for p in getattr(plain.model, head).parameters())
+    frozen = count_parameters(plain.parameters()) - heads
+    assert count_parameters(adapted.parameters(), trainable=False) == frozen
+    for name, param in adapted.named_parameters():
+        trainable = "lora_" in name or name.split(".")[1] in HEADS[kind]
+        assert param.requires_grad == trainable, name
+    # vision tower and both transformers are adapted (attention and MLP)
+    adapted_names = {name for name, _ in adapted.named_parameters() if "lora_A" in name}
+    for part in ("vision_tower", "language_model") + (("expert",) if kind == "flow" else ()):
+        for suffix in ("q_proj", "fc1") if part == "vision_tower" else ("o_proj", "down_proj"):
+            assert any(f".{part}." in n and f".{suffix}." in n for n in adapted_names), (
+                part,
+                suffix,
+            )
+    # a smaller rank gives a different count: the hand count is not vacuous
+    small = make_policy(kind, model_dirs[kind], LoRAConfig(rank=2))
+    assert count_parameters(small.parameters()) < expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_step_changes_adapters_but_no_frozen_tensor(
+    kind: str, model_dirs: dict[str, Path]
+) -> None:
+    policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    train_step(policy)
+    changed = {
+        name for name, p in policy.named_parameters() if not torch.equal(p.detach(), before[name])
+    }
+    frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
+    assert frozen and not (changed & frozen)
+    assert any("lora_B" in name for name in changed)
+    assert all("lora_" in name or name.split(".")[1] in HEADS[kind] for name in changed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_then_reload_with_lora_path_is_bit_identical(
+    kind: str, model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    lora = LoRAConfig(rank=RANK, alpha=8.0)
+    policy = make_policy(kind, model_dirs[kind], lora)
+    train_step(policy)
+    with torch.no_grad():  # make sure the saved heads differ from the base model's
+        for head in HEADS[kind]:
+            for param in getattr(policy.model, head).parameters():
+                param.add_(0.01)
+    obs = observations()
+    expected = outputs(policy, obs)
+    out = policy.save_pretrained(tmp_path / "saved")
+    adapter = out / "adapter"
+    assert (adapter / "adapter_config.json").is_file() and (adapter / HEADS_FILE).is_file()
+    saved_lora = lora.model_copy(update={"path": adapter})
+    reloaded = make_policy(kind, out, saved_lora)
+    assert_identical(outputs(reloaded, obs), expected)
+    reloaded_state = reloaded.state_dict()
+    for key, value in policy.state_dict().items():
+        assert torch.equal(value, reloaded_state[key]), key
+    # the adapter directory is self-contained: the original base model + lora.path
+    from_base = make_policy(kind, model_dirs[kind], saved_lora)
+    assert_identical(outputs(from_base, obs), expected)
+    # a loaded adapter is trainable again
+    assert count_parameters(reloaded.parameters()) == count_parameters(policy.parameters())
+    # the check can fail: fresh adapters on the same base give other outputs
+    fresh = make_policy(kind, model_dirs[kind], lora)
+    assert max_difference(outputs(fresh, obs), expected) > 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_independent_builds_share_state_dict_keys_and_load_strict(
+    kind: str, model_dirs: dict[str, Path]
+) -> None:
+    lora = LoRAConfig(rank=RANK)
+    actor = make_policy(kind, model_dirs[kind], lora)
+    rollout = make_policy(kind, model_dirs[kind], lora)
+    assert list(actor.state_dict()) == list(rollout.state_dict())
+    train_step(actor)
+    obs = observations()
+    expected = outputs(actor, obs)
+    assert max_difference(outputs(rollout, obs), expected) > 1e-4  # they differ before the sync
+    rollout.load_state_dict(actor.state_dict(), strict=True)
+    assert_identical(outputs(rollout, obs), expected)
+    actor.load_state_dict(rollout.state_dict(), strict=True)
+    # a plain policy's state dict does not fit: strict loading would catch a mismatch
+    plain = make_policy(kind, model_dirs[kind])
+    with pytest.raises(RuntimeError):
+        rollout.load_state_dict(plain.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_actor_logprobs_equal_rollout_logprobs_with_lora(
+    kind: str, model_dirs: dict[str, Path]
+) -> None:
+    overrides: dict[str, Any] = (
+        {"temperature": 1.6, "top_k": 5} if kind == "token" else {"flow_sampler": "sde"}
+    )
+    policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK), **overrides)
+    perturb_adapters(policy, seed=5)
+    out = policy.predict_action_batch(
+        observations(8), "train", generator=torch.Generator().manual_seed(13)
+    )
+    assert out.prev_logprobs is not None and float(out.prev_logprobs.abs().sum()) > 0
+    stats = policy(out.forward_inputs, compute_values=True)
+    assert float((stats["logprobs"].detach() - out.prev_logprobs).abs().max()) <= 1e-5
+    assert out.prev_values is not None
+    assert torch.allclose(stats["values"].detach(), out.prev_values, atol=1e-6)
+    # gradients reach the adapters and nothing frozen
+    (stats["logprobs"].mean() + stats["values"].mean()).backward()
+    assert all(p.grad is None for p in policy.parameters() if not p.requires_grad)
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in lora_b(policy))
+    # the check can fail: other stored actions score differently
+    moved = dict(out.forward_inputs)
+    if kind == "token":
+        moved["action_tokens"] = moved["action_tokens"].roll(1, dims=0)
+    else:
+        jitter = torch.randn(moved["chains"].shape, generator=torch.Generator().manual_seed(0))
+        moved["chains"] = moved["chains"] + 0.05 * jitter
+    shifted = policy.default_forward(moved)["logprobs"].detach()
+    assert float((shifted - out.prev_logprobs).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_merged_model_matches_the_adapter_model(kind: str, model_dirs: dict[str, Path]) -> None:
+    policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK, alpha=32.0))
+    perturb_adapters(policy, seed=6)
+    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
+    merged = policy.merged_model()
+    assert not any("lora_" in name for name, _ in merged.named_parameters())
+    obs = observations()
+    expected = outputs(policy, obs)
+    policy.model = merged  # type: ignore[assignment]
+    assert max_difference(outputs(policy, obs), expected) <= 1e-5
+    # the live policy is untouched by the export
+    assert any("lora_" in name for name in policy.peft_model.state_dict())  # type: ignore[union-attr]
+
+
+def test_bad_lora_configs_name_the_key(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"actor\.model\.lora\.rank=0"):
+        LoRAConfig(rank=0)
+    with pytest.raises(ValidationError, match=r"actor\.model\.lora\.rank=0"):
+        PolicyConfig(model_type="token_vla", lora={"rank": 0})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"actor\.model\.lora\.dropout=1\.0"):
+        LoRAConfig(rank=4, dropout=1.0)
+    with pytest.raises(ValidationError, match=r"actor\.model\.lora\.alpha=-1\.0"):
+        LoRAConfig(rank=4, alpha=-1.0)
+    with pytest.raises(ValidationError, match=r"actor\.model\.lora\.target_modules"):
+        LoRAConfig(rank=4, target_modules=[])
+    with pytest.raises(ValidationError, match="rnak"):
+        LoRAConfig(rank=4, rnak=4)  # type: ignore[call-arg]
+    assert LoRAConfig(rank=8).lora_alpha == 8.0
+    assert LoRAConfig(rank=8).modules == list(DEFAULT_LORA_TARGET_MODULES)
+    for kind in KINDS:
+        with pytest.raises(ValueError, match=r"actor\.model\.lora\.target_modules") as info:
+            make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=["qkv"]))
+        assert "'qkv'" in str(info.value) and "q_proj" in str(info.value)
+        with pytest.raises(ValueError, match=r"\['proj'\] match no"):
+            make_policy(
+                kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=["v_proj", "proj"])
+            )
+        with pytest.raises(ValueError, match=r"actor\.model\.lora\.path"):
+            make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, path=tmp_path / "missing"))
+    saved = make_policy("token", model_dirs["token"], LoRAConfig(rank=4)).save_pretrained(
+        tmp_path / "rank4"
+    )
+    with pytest.raises(ValueError, match=r"actor\.model\.lora\.rank=8 .* rank 4"):
+        make_policy("token", saved, LoRAConfig(rank=8, path=saved / "adapter"))
+    with pytest.raises(ValueError, match=r"actor\.model\.lora\.alpha"):
+        make_policy("token", saved, LoRAConfig(rank=4, alpha=2.0, path=saved / "adapter"))
