@@ -394,5 +394,17 @@ def test_cli_writes_a_complete_directory(
     assert "--num-action-chunks" in capsys.readouterr().out
 
 
+def test_cli_sft_steps_train_on_the_task_and_need_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--kind", "flow", "--state-dim", "2", "--no-value-head"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--sft-steps", "3"]) == 2
+    assert "--task" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    out = tmp_path / "b"
+    assert main([*args, "--out", str(out), "--task", "lang_reach_fixed", "--sft-steps", "3"]) == 0
+    assert "SFT on lang_reach_fixed: success" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file()
+
+
 def test_default_instructions_are_the_lang_reach_templates() -> None:
     assert len(DEFAULT_INSTRUCTIONS) == 3 and "move to the red square" in DEFAULT_INSTRUCTIONS

@@ -17,6 +17,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -255,12 +256,36 @@ def _parser() -> argparse.ArgumentParser:
         default="tiny",
         help="name of the dataset_statistics.json entry (default tiny)",
     )
+    parser.add_argument(
+        "--task",
+        choices=sorted(_TASKS),
+        default=None,
+        help="with --sft-steps: the env whose scripted expert the model imitates",
+    )
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="behaviour-clone the new model for this many steps on --task (default 0: "
+        "random weights; see python -m rlinf.embodied.sft for more options)",
+    )
     return parser
+
+
+_TASKS = {"lang_reach_fixed": "fixed", "lang_reach_random": "random"}
+"""``--task`` -> lang_reach layout (``env_id``)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.sft_steps < 0 or (args.sft_steps and args.task is None):
+        print(
+            f"make-tiny-vla: --sft-steps={args.sft_steps} needs a value >= 0 and, when > 0, "
+            f"--task (one of {', '.join(sorted(_TASKS))})",
+            file=sys.stderr,
+        )
+        return 2
     out = make_tiny_vla(
         args.kind,
         args.out,
@@ -279,6 +304,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         unnorm_key=args.unnorm_key,
     )
     print(f"wrote a tiny {args.kind} VLA to {out}")
+    if args.sft_steps:
+        from rlinf.embodied.envs import EnvConfig
+        from rlinf.embodied.sft import run_sft
+
+        env = EnvConfig.model_validate(
+            {
+                "env_type": "lang_reach",
+                "env_id": _TASKS[args.task],
+                "num_envs": 64,
+                "obs_mode": "rgb",
+                "image_size": args.image_size,
+            }
+        )
+        try:
+            result = run_sft(
+                f"{args.kind}_vla",
+                out,
+                out,
+                env,
+                num_action_chunks=args.num_action_chunks,
+                steps=args.sft_steps,
+                seed=args.seed,
+            )
+        except ValueError as exc:
+            print(f"make-tiny-vla: {exc}", file=sys.stderr)
+            return 2
+        before, after = result.success_before or 0.0, result.success_after or 0.0
+        print(f"SFT on {args.task}: success {100 * before:.1f}% -> {100 * after:.1f}%")
     return 0
 
 
