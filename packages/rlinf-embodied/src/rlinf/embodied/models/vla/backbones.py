@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaModel, SiglipVisionConfig, SiglipVisionModel
 
 __all__ = [
+    "PrefixModules",
     "Projector",
     "ValueMLP",
     "additive_attention_mask",
     "build_llama",
+    "build_prefix_modules",
     "build_vision_tower",
+    "prefix_embeddings",
     "run_llama",
     "sinusoidal_embedding",
 ]
@@ -162,3 +165,74 @@ def sinusoidal_embedding(t: Tensor, dim: int, max_period: float = 100.0) -> Tens
     periods = torch.exp(torch.linspace(math.log(4e-3), math.log(max_period), half, device=t.device))
     angles = 2 * math.pi * t.float().unsqueeze(-1) / periods
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class PrefixModules(Protocol):
+    """What both VLA families embed their prefix with (vision, proprio, prompt)."""
+
+    vision_tower: SiglipVisionModel
+    projector: Projector
+    language_model: LlamaModel
+    proprio_projector: nn.Linear | None
+
+
+def build_prefix_modules(
+    config: Any, width: int
+) -> tuple[SiglipVisionModel, Projector, LlamaModel, nn.Linear | None]:
+    """The vision tower, projector, language backbone and proprio projector of a VLA config.
+
+    Args:
+        config: A ``TokenVLAConfig`` or ``FlowVLAConfig``.
+        width: The language backbone's hidden size.
+
+    Returns:
+        ``(vision_tower, projector, language_model, proprio_projector)``; the last is
+        None without a proprio token (``state_dim == 0``).
+    """
+    return (
+        build_vision_tower(config.vision_config),
+        Projector(config.projector, int(config.vision_config["hidden_size"]), width),
+        build_llama(config.text_config),
+        nn.Linear(config.state_dim, width) if config.state_dim > 0 else None,
+    )
+
+
+def prefix_embeddings(
+    model: PrefixModules,
+    pixel_values: Tensor,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    states: Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Embeds ``[image patches] [proprio token?] [prompt]`` into the language width.
+
+    Args:
+        model: The modules (a VLA model).
+        pixel_values: ``[B, 3, S, S]`` normalised images.
+        input_ids: ``[B, L]`` left-padded prompt ids.
+        attention_mask: ``[B, L]`` 1 for real prompt tokens.
+        states: ``[B, state_dim]``; required iff the model has a proprio token.
+        dtype: The parameter dtype inputs are cast to.
+
+    Returns:
+        ``[B, P, D]`` embeddings and ``[B, P]`` bool validity (patches and proprio
+        always valid, prompt positions as ``attention_mask``).
+
+    Raises:
+        ValueError: The model has a proprio token but ``states`` is None.
+    """
+    patches = model.vision_tower(pixel_values=pixel_values.to(dtype)).last_hidden_state
+    parts = [model.projector(patches)]
+    if model.proprio_projector is not None:
+        if states is None:
+            raise ValueError(
+                f"the model has a proprio token (state_dim={model.proprio_projector.in_features}) "
+                "but no states were given"
+            )
+        parts.append(model.proprio_projector(states.to(dtype)).unsqueeze(1))
+    parts.append(model.language_model.embed_tokens(input_ids))
+    embeds = torch.cat(parts, dim=1)
+    batch, fixed = input_ids.shape[0], embeds.shape[1] - input_ids.shape[1]
+    always = torch.ones(batch, fixed, dtype=torch.bool, device=embeds.device)
+    return embeds, torch.cat([always, attention_mask.bool()], dim=1)

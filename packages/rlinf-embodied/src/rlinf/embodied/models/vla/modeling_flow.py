@@ -30,11 +30,11 @@ from torch import Tensor, nn
 from transformers import AutoModel, PreTrainedModel
 
 from rlinf.embodied.models.vla.backbones import (
-    Projector,
     ValueMLP,
     additive_attention_mask,
     build_llama,
-    build_vision_tower,
+    build_prefix_modules,
+    prefix_embeddings,
     run_llama,
     sinusoidal_embedding,
 )
@@ -118,13 +118,8 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         super().__init__(config)
         width = int(config.text_config["hidden_size"])
         expert_width = int(config.expert_config["hidden_size"])
-        self.vision_tower = build_vision_tower(config.vision_config)
-        self.projector = Projector(
-            config.projector, int(config.vision_config["hidden_size"]), width
-        )
-        self.language_model = build_llama(config.text_config)
-        self.proprio_projector = (
-            nn.Linear(config.state_dim, width) if config.state_dim > 0 else None
+        self.vision_tower, self.projector, self.language_model, self.proprio_projector = (
+            build_prefix_modules(config, width)
         )
         self.prefix_to_expert = nn.Linear(width, expert_width)
         self.expert = build_llama(config.expert_config)
@@ -171,24 +166,8 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
             The prefix in the expert width.
         """
         dtype = self.action_out.weight.dtype
-        patches = self.vision_tower(pixel_values=pixel_values.to(dtype)).last_hidden_state
-        parts = [self.projector(patches)]
-        if self.proprio_projector is not None:
-            if states is None:
-                raise ValueError(
-                    f"the model has a proprio token (state_dim={self.config.state_dim}) "
-                    "but no states were given"
-                )
-            parts.append(self.proprio_projector(states.to(dtype)).unsqueeze(1))
-        parts.append(self.language_model.embed_tokens(input_ids))
-        embeds = torch.cat(parts, dim=1)
-        batch, fixed = input_ids.shape[0], embeds.shape[1] - input_ids.shape[1]
-        valid = torch.cat(
-            [
-                torch.ones(batch, fixed, dtype=torch.bool, device=embeds.device),
-                attention_mask.bool(),
-            ],
-            dim=1,
+        embeds, valid = prefix_embeddings(
+            self, pixel_values, input_ids, attention_mask, states, dtype
         )
         allowed = valid.unsqueeze(1).expand(-1, valid.shape[1], -1)
         positions = (valid.long().cumsum(dim=1) - 1).clamp_min(0)

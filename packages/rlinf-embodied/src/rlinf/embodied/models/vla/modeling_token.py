@@ -30,11 +30,10 @@ from transformers import AutoModel, PreTrainedModel
 
 from rlinf.embodied.models.vla.action_bins import ActionBins
 from rlinf.embodied.models.vla.backbones import (
-    Projector,
     ValueMLP,
     additive_attention_mask,
-    build_llama,
-    build_vision_tower,
+    build_prefix_modules,
+    prefix_embeddings,
     run_llama,
 )
 from rlinf.embodied.models.vla.configuration import TokenVLAConfig
@@ -75,13 +74,8 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
     def __init__(self, config: TokenVLAConfig) -> None:
         super().__init__(config)
         width = int(config.text_config["hidden_size"])
-        self.vision_tower = build_vision_tower(config.vision_config)
-        self.projector = Projector(
-            config.projector, int(config.vision_config["hidden_size"]), width
-        )
-        self.language_model = build_llama(config.text_config)
-        self.proprio_projector = (
-            nn.Linear(config.state_dim, width) if config.state_dim > 0 else None
+        self.vision_tower, self.projector, self.language_model, self.proprio_projector = (
+            build_prefix_modules(config, width)
         )
         self.slot_embeddings = nn.Embedding(self.num_slots, width)
         self.lm_head = nn.Linear(width, int(config.text_config["vocab_size"]), bias=False)
@@ -121,26 +115,7 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
             ``[B, P, D]`` embeddings and ``[B, P]`` bool validity.
         """
         dtype = self.lm_head.weight.dtype
-        patches = self.vision_tower(pixel_values=pixel_values.to(dtype)).last_hidden_state
-        parts = [self.projector(patches)]
-        if self.proprio_projector is not None:
-            if states is None:
-                raise ValueError(
-                    f"the model has a proprio token (state_dim={self.config.state_dim}) "
-                    "but no states were given"
-                )
-            parts.append(self.proprio_projector(states.to(dtype)).unsqueeze(1))
-        parts.append(self.language_model.embed_tokens(input_ids))
-        embeds = torch.cat(parts, dim=1)
-        batch, fixed = input_ids.shape[0], embeds.shape[1] - input_ids.shape[1]
-        valid = torch.cat(
-            [
-                torch.ones(batch, fixed, dtype=torch.bool, device=embeds.device),
-                attention_mask.bool(),
-            ],
-            dim=1,
-        )
-        return embeds, valid
+        return prefix_embeddings(self, pixel_values, input_ids, attention_mask, states, dtype)
 
     def attention_mask_4d(self, prefix_valid: Tensor, dtype: torch.dtype) -> Tensor:
         """The additive ``[B, 1, T, T]`` mask over prefix + slots (see the module docstring)."""
