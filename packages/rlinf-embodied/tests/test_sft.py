@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,7 @@ LANG_REACH = EnvConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def _offline_single_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vla_offline")
 
 
 def _reload_acts_the_same(model_type: str, out_dir: Path) -> None:

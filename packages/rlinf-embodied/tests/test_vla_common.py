@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -44,15 +43,7 @@ Kind = Literal["token", "flow"]
 KINDS: tuple[Kind, ...] = ("token", "flow")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _offline_single_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setenv("TRANSFORMERS_OFFLINE", "1")
-        yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vla_offline")
 
 
 @pytest.fixture(scope="module")
@@ -408,3 +399,13 @@ def test_cli_sft_steps_train_on_the_task_and_need_one(
 
 def test_default_instructions_are_the_lang_reach_templates() -> None:
     assert len(DEFAULT_INSTRUCTIONS) == 3 and "move to the red square" in DEFAULT_INSTRUCTIONS
+
+
+def test_the_vla_tests_cannot_reach_the_network() -> None:
+    """The ``vla_offline`` guard: loading code that tried a hub would fail these tests."""
+    import socket
+
+    with pytest.raises(OSError, match=r"tried to reach 'huggingface\.co'"):
+        socket.create_connection(("huggingface.co", 443), timeout=1)
+    with socket.socket() as sock, pytest.raises(OSError, match=r"tried to reach '203\.0\.113\.7'"):
+        sock.connect(("203.0.113.7", 443))

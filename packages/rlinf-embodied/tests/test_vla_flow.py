@@ -4,7 +4,6 @@ for the sde and noise samplers, eval determinism and the flow-matching loss."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,7 @@ STATE_DIM, ACTION_DIM, CHUNKS, HORIZON, STEPS, N = 3, 2, 3, 5, 4, 6
 LOW, HIGH = [-0.5, 0.0], [0.5, 2.0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _offline_single_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vla_offline")
 
 
 @pytest.fixture(scope="module")

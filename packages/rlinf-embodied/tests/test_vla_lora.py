@@ -3,7 +3,6 @@ state-dict compatibility, logprob parity with adapters on, and config errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,7 @@ KINDS = ("token", "flow")
 HEADS = {"token": ("value_head",), "flow": ("value_head", "noise_head")}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _offline_single_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vla_offline")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ greedy determinism, slot bidirectionality and sampling frequencies."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,7 @@ STATE_DIM, ACTION_DIM, CHUNKS, BINS, N = 3, 2, 4, 32, 6
 LOW, HIGH = [-0.5, 0.0], [0.5, 2.0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _offline_single_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("vla_offline")
 
 
 @pytest.fixture(scope="module")
