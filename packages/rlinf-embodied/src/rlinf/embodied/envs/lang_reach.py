@@ -160,7 +160,7 @@ class LangReachEnv(VectorEnv):
             if self._random:
                 corners = rng.permutation(len(_CORNERS))[:3]
                 self._targets[row] = _CORNERS[torch.as_tensor(corners)]
-        return {k: v[rows] for k, v in self._observe().items()}
+        return self._observe(rows)  # only the reset envs are rendered
 
     def _step_envs(self, actions: torch.Tensor, active: NDArray[Any]) -> StepResult:
         moving = torch.as_tensor(active, dtype=torch.bool)
@@ -192,16 +192,18 @@ class LangReachEnv(VectorEnv):
 
     # ------------------------------------------------------------------ rendering
 
-    def _observe(self) -> Obs:
-        obs: Obs = {"task_ids": self._task.clone()}
+    def _observe(self, rows: torch.Tensor | slice = slice(None)) -> Obs:
+        """Observations of the envs in ``rows`` (all by default), as new tensors."""
+        obs: Obs = {"task_ids": self._task[rows].clone()}
         if self._rgb:
-            obs["main_images"] = self._render(slice(None))
-            obs["states"] = self._agent.clone()
+            obs["main_images"] = self._render(rows)
+            obs["states"] = self._agent[rows].clone()
         else:
-            obs["states"] = torch.cat([self._agent, self._targets.reshape(-1, 6)], dim=1)
+            targets = self._targets[rows].reshape(-1, 6)
+            obs["states"] = torch.cat([self._agent[rows], targets], dim=1)
         return obs
 
-    def _render(self, rows: slice) -> torch.Tensor:
+    def _render(self, rows: torch.Tensor | slice) -> torch.Tensor:
         """[m, H, W, 3] uint8 frames of the envs in ``rows``: targets, then the agent on top."""
         height, width = self._size
         agent, targets = self._agent[rows], self._targets[rows]
