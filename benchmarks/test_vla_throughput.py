@@ -86,43 +86,34 @@ def test_vla_cost_beside_the_mlp(  # type: ignore[no-untyped-def]
 ) -> None:
     vla_name, mlp_name = f"tiny {kind} VLA", "MLP policy"
     vla, mlp = policies[vla_name], policies[mlp_name]
-    stats = interleave(
-        {
-            vla_name: lambda: vla.predict_action_batch(observations, "train"),
-            mlp_name: lambda: mlp.predict_action_batch(observations, "train"),
-        },
-        blocks=4,
-        rounds=5,
-        warmup_rounds=2,
-        label=":predict",
-    )
-    record_ratio(
-        f"{vla_name} predict samples/s vs MLP policy (B={BATCH}, C=4)",
-        BATCH / stats[vla_name].median,
-        BATCH / stats[mlp_name].median,
-        unit="samples/s",
-        baseline_name=mlp_name,
-        target=None,
-        floor=None,
-    )
     vla_inputs = vla.predict_action_batch(observations, "train").forward_inputs
     mlp_inputs = mlp.predict_action_batch(observations, "train").forward_inputs
-    stats = interleave(
-        {vla_name: _train_step(vla, vla_inputs), mlp_name: _train_step(mlp, mlp_inputs)},
-        blocks=4,
-        rounds=3,
-        warmup_rounds=1,
-        label=":train",
-    )
-    record_ratio(
-        f"{vla_name} train (fwd+bwd) samples/s vs MLP policy (B={BATCH})",
-        BATCH / stats[vla_name].median,
-        BATCH / stats[mlp_name].median,
-        unit="samples/s",
-        baseline_name=mlp_name,
-        target=None,
-        floor=None,
-    )
+    phases = {  # label -> (candidates, rounds per block, row title)
+        "predict": (
+            {
+                vla_name: lambda: vla.predict_action_batch(observations, "train"),
+                mlp_name: lambda: mlp.predict_action_batch(observations, "train"),
+            },
+            5,
+            f"predict samples/s vs MLP policy (B={BATCH}, C=4)",
+        ),
+        "train": (
+            {vla_name: _train_step(vla, vla_inputs), mlp_name: _train_step(mlp, mlp_inputs)},
+            3,
+            f"train (fwd+bwd) samples/s vs MLP policy (B={BATCH})",
+        ),
+    }
+    for label, (candidates, rounds, title) in phases.items():
+        stats = interleave(candidates, blocks=4, rounds=rounds, warmup_rounds=1, label=f":{label}")
+        record_ratio(
+            f"{vla_name} {title}",
+            BATCH / stats[vla_name].median,
+            BATCH / stats[mlp_name].median,
+            unit="samples/s",
+            baseline_name=mlp_name,
+            target=None,
+            floor=None,
+        )
 
     def message_bytes(policy: BasePolicy) -> float:
         header, buffers = dumps(policy.predict_action_batch(observations, "train").to_cpu())

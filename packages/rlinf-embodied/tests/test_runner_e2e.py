@@ -461,12 +461,19 @@ def test_token_vla_grpo_disaggregated(
     groups = launch(cluster, cfg, "vla-disaggregated")
     try:
         metrics = run_vla(
-            groups, tmp_path, "lang_reach_grpo_token_vla", tiny_vlas["token"], placement
+            groups,
+            tmp_path,
+            "lang_reach_grpo_token_vla",
+            tiny_vlas["token"],
+            placement,
+            ["actor.optim.lr=0"],
         )
     finally:
         for group in groups:
             group.shutdown()
-    assert metrics["train/actor/ratio"] > 0
+    # Three processes on three slots score the same tokens: every ratio is 1 at lr 0.
+    assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-5, metrics["train/actor/ratio"]
+    assert metrics["train/actor/clip_fraction"] == 0.0
 
 
 # ----------------------------------------------------------------------------- learning + eval
