@@ -5,7 +5,13 @@ workers through ``runner.plugin_modules``) cost the same sleep per env, on
 different CPU slots (env on slot 0, rollout on slot 1). With one stage the env
 and the policy take turns; with two stages the env simulates one half of its
 envs while the policy acts on the other half, so the rollout time approaches
-half. Ratio row: target 1.6x (ideal 2x), floor 1.3x. Informational rows
+half. Ratio row: target 1.6x (ideal 2x), floor 1.3x.
+
+The VLA row does the same with real compute on the rollout side: the tiny
+token VLA (``make_tiny_vla``) acts on ``lang_reach`` images and instructions,
+and the env (``lang_reach`` plus a sleep, ``calibrated_lang_reach``) is
+calibrated in this process to cost what one policy call costs per env, so the
+env and the policy weigh the same. Target 1.5x, floor 1.2x. Informational rows
 (``-m slow``, no target): the same ratio for CartPole and ManiSkill PickCube
 (state, CPU sim) with the MLP policy.
 
@@ -36,8 +42,22 @@ from torch import Tensor, nn
 from rlinf.core.config import compose_config, validate_config
 from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.envs import StepResult, VectorEnv, available_envs, register_env
-from rlinf.embodied.models import BasePolicy, PolicyConfig, available_policies, register_policy
+from rlinf.embodied.envs import (
+    EnvConfig,
+    StepResult,
+    VectorEnv,
+    available_envs,
+    make_env,
+    register_env,
+)
+from rlinf.embodied.envs.lang_reach import LangReachEnv
+from rlinf.embodied.models import (
+    BasePolicy,
+    PolicyConfig,
+    available_policies,
+    build_policy,
+    register_policy,
+)
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup
@@ -123,9 +143,24 @@ class SleepyPolicy(BasePolicy):
         return torch.zeros(obs["states"].shape[0], self.value_dim)
 
 
+class CalibratedLangReachEnv(LangReachEnv):
+    """``lang_reach`` plus a sleep of ``env_kwargs.cost_per_env_s`` per stepped env and sub-step."""
+
+    def _setup(self) -> EnvSpec:
+        kwargs = dict(self.cfg.env_kwargs)
+        self._cost_per_env_s = float(kwargs.pop("cost_per_env_s", 0.0))
+        self.cfg = self.cfg.model_copy(update={"env_kwargs": kwargs})
+        return super()._setup()
+
+    def _step_envs(self, actions: Tensor, active: NDArray[Any]) -> StepResult:
+        time.sleep(self._cost_per_env_s * int(active.sum()))
+        return super()._step_envs(actions, active)
+
+
 # The workers import this file again (runner.plugin_modules) under another module name.
 if "sleepy" not in available_envs():
     register_env("sleepy")(SleepyEnv)
+    register_env("calibrated_lang_reach")(CalibratedLangReachEnv)
 if "sleepy" not in available_policies():
     register_policy("sleepy")(SleepyPolicy)
 
@@ -216,6 +251,51 @@ def maniskill_config(log_path: Path, stages: int) -> EmbodiedConfig:
             "actor.micro_batch_size=160",
             "runner.val_check_interval=-1",
             "runner.save_interval=-1",
+        ],
+    )
+    return _with(data, log_path, stages)
+
+
+VLA_ENVS = 32
+"""lang_reach envs of the VLA row (16 per stage with two stages)."""
+
+
+def token_vla_cost_per_env_s(model_path: Path, envs: int, chunks: int) -> float:
+    """Seconds one train-mode policy call costs per env, on one thread, at ``envs`` envs."""
+    spec = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb")).spec
+    cfg = PolicyConfig(model_type="token_vla", model_path=model_path, num_action_chunks=chunks)
+    policy = build_policy(cfg, spec)
+    env = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb", num_envs=envs))
+    obs = env.reset(seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a rollout worker on one CPU slot
+    try:
+        times = []
+        for _ in range(25):
+            start = time.perf_counter()
+            policy.predict_action_batch(obs, "train")
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+        env.close()
+    return float(np.median(times[5:])) / envs
+
+
+def vla_config(
+    log_path: Path, model_path: Path, sub_step_cost_s: float, stages: int
+) -> EmbodiedConfig:
+    data = compose_config(
+        "lang_reach_grpo_token_vla",
+        CONFIG_DIR,
+        [
+            "env.train.env_type=calibrated_lang_reach",
+            f"env.train.num_envs={VLA_ENVS}",
+            "env.train.max_steps_per_rollout_epoch=16",
+            f"++env.train.env_kwargs={{cost_per_env_s: {sub_step_cost_s}}}",
+            f"actor.model.model_path={model_path}",
+            "actor.global_batch_size=128",
+            "actor.micro_batch_size=128",
+            "runner.val_check_interval=-1",
         ],
     )
     return _with(data, log_path, stages)
@@ -320,4 +400,38 @@ def test_report_cartpole_and_maniskill_ratios(
         record_ratio,
         "pipeline 2 stages vs 1, ManiSkill PickCube-v1 state + MLP (8 CPU envs)",
         rates,
+    )
+
+
+def test_two_stages_overlap_env_and_vla_rollout(
+    groups: tuple[list[WorkerGroup], Path],
+    interleave: Callable[..., dict[str, Any]],
+    record_ratio: Callable[..., object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seeds' pipelined hybrid mode with a VLA rollout, env cost = policy cost."""
+    pytest.importorskip("transformers", reason="VLAs need rlinf-embodied[vla]")
+    from rlinf.embodied.models.vla.tiny import make_tiny_vla
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    launched, log_path = groups
+    model = make_tiny_vla("token", log_path / "token_vla", state_dim=2, add_value_head=False)
+    chunks = 4
+    per_env = token_vla_cost_per_env_s(model, VLA_ENVS // 2, chunks)
+    sub_step = per_env / chunks  # the env steps each env C times per policy call
+    rates = steps_per_second(
+        launched,
+        lambda s: vla_config(log_path, model, sub_step, s),
+        interleave,
+        rounds=3,
+        blocks=2,
+        label="#vla",
+    )
+    record_stage_ratio(
+        record_ratio,
+        f"pipeline 2 stages vs 1, tiny token VLA + lang_reach, env = policy cost "
+        f"({per_env * 1e3:.2f} ms/env per call)",
+        rates,
+        target=1.5,
+        floor=1.2,
     )

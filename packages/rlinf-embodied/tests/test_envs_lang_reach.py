@@ -54,6 +54,28 @@ def test_image_shows_targets_in_their_colours_and_the_agent() -> None:
         assert _pixel(image, env._agent[i]).tolist() == [255, 255, 255]
 
 
+def test_wrist_camera_follows_the_agent_at_twice_the_zoom() -> None:
+    env = _env("random", n=6, env_kwargs={"wrist_camera": True})
+    assert env.spec.wrist_image_shape == (32, 32, 3)
+    obs = env.reset(seed=3).obs
+    assert obs["wrist_images"].dtype == torch.uint8
+    assert obs["wrist_images"].shape == obs["main_images"].shape
+    for _ in range(2):
+        for i in range(6):
+            wrist, agent = obs["wrist_images"][i], env._agent[i]
+            assert _pixel(wrist, torch.zeros(2)).tolist() == [255, 255, 255]  # agent at centre
+            for colour in range(len(COLOURS)):
+                seen = (env._targets[i, colour] - agent) * 2  # view coordinates
+                if bool((seen.abs() < 0.9).all()):
+                    assert int(_pixel(wrist, seen).argmax()) == colour, (i, colour)
+            corner = torch.sign(agent) * 0.999  # the view's corner nearest to the arena edge
+            outside = bool(((agent + corner / 2).abs() > 1).any())
+            assert (_pixel(wrist, corner).tolist() == [90, 90, 90]) == outside, (i, agent)
+        obs = env.chunk_step(torch.ones(6, 3, 2))[0].obs  # towards the top-right edge
+    plain = _env(n=2).reset().obs
+    assert "wrist_images" not in plain and _env(n=2).spec.wrist_image_shape is None
+
+
 def test_fixed_layout_never_moves_targets_and_random_layout_does() -> None:
     fixed, rand = _env("fixed", n=16), _env("random", n=16)
     fixed.reset()
@@ -119,6 +141,7 @@ def test_sparse_and_shaped_rewards() -> None:
         ({"env_id": "maze"}, "not a lang_reach layout"),
         ({"env_kwargs": {"reward": "dense"}}, "env_kwargs.reward='dense'"),
         ({"env_kwargs": {"speed": 2}}, "not lang_reach options"),
+        ({"obs_mode": "state", "env_kwargs": {"wrist_camera": True}}, "needs obs_mode: rgb"),
         ({"image_size": 8}, "too small"),
         ({"sim_backend": "gpu"}, "sim_backend='gpu'"),
     ],

@@ -53,6 +53,23 @@ def test_lift_rgb_camera() -> None:
 
 
 @pytest.mark.slow
+def test_lift_wrist_camera_gives_wrist_images() -> None:
+    cameras = {"camera_names": ["agentview", "robot0_eye_in_hand"]}
+    with lift(obs_mode="rgb", image_size=32, max_episode_steps=4, env_kwargs=cameras) as env:
+        assert env.spec.wrist_image_shape == env.spec.image_shape == (32, 32, 3)
+        obs = env.reset().obs
+        wrist, main = obs["wrist_images"], obs["main_images"]
+        assert wrist.dtype == torch.uint8 and wrist.shape == (2, 32, 32, 3)
+        assert wrist.float().std() > 0 and not torch.equal(wrist, main)
+
+
+def test_more_than_two_cameras_are_refused_by_name() -> None:
+    cameras = {"camera_names": ["agentview", "robot0_eye_in_hand", "frontview"]}
+    with pytest.raises(ValueError, match="camera_names"):
+        lift(obs_mode="rgb", env_kwargs=cameras)
+
+
+@pytest.mark.slow
 def test_lift_video_from_state_obs(tmp_path: Path) -> None:
     video = {"enabled": True, "dir": str(tmp_path)}
     with lift(max_episode_steps=3, auto_reset=True, video=video) as env:

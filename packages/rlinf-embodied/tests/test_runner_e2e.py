@@ -402,10 +402,31 @@ def test_vla_grpo_at_learning_rate_zero_has_ratio_one(
 
 
 @needs_transformers
+def test_wrist_images_travel_from_env_to_rollout_to_actor(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """A VLA with a wrist image: lang_reach's wrist camera reaches the rollout and the actor."""
+    from rlinf.embodied.models.vla.tiny import make_tiny_vla
+
+    model = make_tiny_vla(
+        "token", tmp_path / "wrist_vla", state_dim=2, add_value_head=False, wrist_image=True
+    )
+    wrist = "++env.{}.env_kwargs={{wrist_camera: true}}"
+    extra = ["actor.optim.lr=0", wrist.format("train"), wrist.format("eval")]
+    metrics = run_vla(hybrid, tmp_path, "lang_reach_grpo_token_vla", model, HYBRID, extra)
+    assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-5, metrics["train/actor/ratio"]
+    assert metrics["train/actor/clip_fraction"] == 0.0
+
+
+@needs_transformers
 def test_token_vla_lora_weights_sync_to_the_rollout(
     hybrid: list[WorkerGroup], tmp_path: Path, tiny_vlas: dict[str, Path]
 ) -> None:
-    """LoRA through the runner: after a training step and a sync, rollout == actor."""
+    """LoRA through the runner: after a training step and a sync, rollout == actor.
+
+    The sync ships only the trainable tensors (adapters); the rollout's frozen base
+    is the one it loaded from ``model_path``.
+    """
     actor, rollout, env = hybrid
     cfg = make_config(
         tmp_path,
@@ -425,7 +446,12 @@ def test_token_vla_lora_weights_sync_to_the_rollout(
         after = actor.get_full_state_dict().wait(timeout=120)[0]
         runner.update_rollout_weights()
         (weights,) = rollout.get_weights().wait(timeout=120)
+        (last_sync,) = rollout.get_last_sync().wait(timeout=120)
+        trainable = actor.get_full_state_dict(True).wait(timeout=120)[0]
     assert math.isfinite(metrics["train/actor/policy_loss"])
+    assert trainable and all("lora_" in k for k in trainable), sorted(trainable)[:5]
+    assert last_sync["tensors"] == len(trainable) < len(after)
+    assert last_sync["bytes"] == sum(t.numel() * t.element_size() for t in trainable.values())
     assert set(weights) == set(after) and all(torch.equal(weights[k], after[k]) for k in after)
     changed = {k for k in after if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed), sorted(changed)[:5]

@@ -409,3 +409,25 @@ def test_the_vla_tests_cannot_reach_the_network() -> None:
         socket.create_connection(("huggingface.co", 443), timeout=1)
     with socket.socket() as sock, pytest.raises(OSError, match=r"tried to reach '203\.0\.113\.7'"):
         sock.connect(("203.0.113.7", 443))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrist_image_is_a_second_image_the_actions_depend_on(kind: Kind, tmp_path: Path) -> None:
+    path = make_tiny_vla(kind, tmp_path / kind, state_dim=STATE_DIM, wrist_image=True)
+    wrist_spec = tiny_env_spec(state_dim=STATE_DIM, wrist_image=True)
+    cfg = PolicyConfig(model_type=f"{kind}_vla", model_path=path, num_action_chunks=CHUNKS)
+    policy = build_policy(cfg, wrist_spec)
+    obs = random_observations(wrist_spec, 6, torch.Generator().manual_seed(0))
+    out = policy.predict_action_batch(obs, "train", generator=torch.Generator().manual_seed(1))
+    assert torch.equal(out.forward_inputs["wrist_images"], obs["wrist_images"])
+    with torch.no_grad():  # the actor re-scores with both images
+        stats = policy.default_forward(out.forward_inputs)
+    assert out.prev_logprobs is not None
+    assert float((stats["logprobs"] - out.prev_logprobs).abs().max()) <= 1e-5
+    other = {**obs, "wrist_images": torch.flip(obs["wrist_images"], dims=[1])}
+    first = policy.predict_action_batch(obs, "eval").actions
+    assert not torch.equal(first, policy.predict_action_batch(other, "eval").actions)
+    with pytest.raises(KeyError, match="wrist_images"):
+        policy.predict_action_batch({k: v for k, v in obs.items() if k != "wrist_images"})
+    with pytest.raises(ValueError, match="wrist_camera"):
+        build_policy(cfg, tiny_env_spec(state_dim=STATE_DIM))

@@ -11,7 +11,7 @@ import torch
 from torch.distributions import Normal
 
 from rlinf.embodied.models import PolicyConfig, build_policy
-from rlinf.embodied.models.config import FlowSampler
+from rlinf.embodied.models.config import FlowSampler, FlowStart
 from rlinf.embodied.models.vla.flow_sampling import (
     euler_mean,
     gaussian_entropy,
@@ -48,7 +48,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_policy(
-    model_dir: Path, sampler: FlowSampler = "sde", noise_level: float = 0.5
+    model_dir: Path,
+    sampler: FlowSampler = "sde",
+    noise_level: float = 0.5,
+    start: FlowStart = "zero",
 ) -> FlowVLAPolicy:
     cfg = PolicyConfig(
         model_type="flow_vla",
@@ -56,6 +59,7 @@ def make_policy(
         num_action_chunks=CHUNKS,
         flow_sampler=sampler,
         noise_level=noise_level,
+        flow_start=start,
     )
     policy = build_policy(cfg, tiny_env_spec(state_dim=STATE_DIM, action_dim=ACTION_DIM))
     assert isinstance(policy, FlowVLAPolicy)
@@ -68,7 +72,7 @@ def observations(n: int = N, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def test_ode_equals_a_hand_written_euler_integration(model_dir: Path) -> None:
-    policy = make_policy(model_dir, "ode")
+    policy = make_policy(model_dir, "ode", start="sampled")
     obs = observations()
     out = policy.predict_action_batch(obs, "train", generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -126,9 +130,12 @@ def test_gaussian_log_density_and_entropy_match_torch_normal() -> None:
     assert torch.allclose(gaussian_entropy(std), reference.entropy(), atol=1e-6)
 
 
+@pytest.mark.parametrize("start", ["zero", "sampled"])
 @pytest.mark.parametrize("sampler", ["sde", "noise"])
-def test_actor_logprobs_equal_rollout_logprobs(model_dir: Path, sampler: FlowSampler) -> None:
-    policy = make_policy(model_dir, sampler)
+def test_actor_logprobs_equal_rollout_logprobs(
+    model_dir: Path, sampler: FlowSampler, start: FlowStart
+) -> None:
+    policy = make_policy(model_dir, sampler, start=start)
     out = policy.predict_action_batch(
         observations(8), "train", generator=torch.Generator().manual_seed(11)
     )
@@ -220,6 +227,24 @@ def test_eval_is_deterministic(model_dir: Path) -> None:
             policy.model, prefix, sampler="ode", noise_level=0.5, start_at_mean=True
         )
     assert torch.equal(start.chains[:, 0], torch.zeros(N, HORIZON, ACTION_DIM))
+
+
+def test_flow_start_picks_the_chain_start_in_train_and_eval(model_dir: Path) -> None:
+    obs, zeros = observations(), torch.zeros(N, HORIZON, ACTION_DIM)
+    for mode in ("train", "eval"):
+        zero = make_policy(model_dir, start="zero").predict_action_batch(
+            obs, mode, generator=torch.Generator().manual_seed(0)
+        )
+        assert torch.equal(zero.forward_inputs["chains"][:, 0], zeros), mode
+        sampled = make_policy(model_dir, start="sampled")
+        draws = [
+            sampled.predict_action_batch(obs, mode, generator=torch.Generator().manual_seed(seed))
+            for seed in (0, 0, 1)
+        ]
+        starts = [draw.forward_inputs["chains"][:, 0] for draw in draws]
+        assert float(starts[0].std()) > 0.5, mode  # x_1 ~ N(0, I)
+        assert torch.equal(starts[0], starts[1]) and not torch.equal(starts[0], starts[2]), mode
+        assert torch.equal(draws[0].actions, draws[1].actions), mode  # seeded: reproducible
 
 
 def test_flow_matching_loss_decreases_on_a_fixed_batch(model_dir: Path) -> None:

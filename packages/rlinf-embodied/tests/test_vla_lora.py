@@ -315,3 +315,39 @@ def test_bad_lora_configs_name_the_key(model_dirs: dict[str, Path], tmp_path: Pa
         make_policy("token", saved, LoRAConfig(rank=8, path=saved / "adapter"))
     with pytest.raises(ValueError, match=r"actor\.model\.lora\.alpha"):
         make_policy("token", saved, LoRAConfig(rank=4, alpha=2.0, path=saved / "adapter"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_checkpoint_holds_only_the_trainable_tensors_and_restores_them(
+    kind: str, model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The actor's checkpoint layout with LoRA: adapters and heads, no frozen base."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from rlinf.core.train_state import load_train_state, save_train_state
+
+    policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
+    assert policy.frozen_from_disk and not make_policy(kind, model_dirs[kind]).frozen_from_disk
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    perturb_adapters(policy)
+    loss = policy.behaviour_cloning_loss(observations(), expert_actions(policy))
+    loss.backward()
+    for param in policy.parameters():  # the heads get no gradient from this loss
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    save_train_state(tmp_path, policy, optimizer, {"step": 1}, frozen_from_disk=True)
+
+    saved = {
+        key.removeprefix("model.")
+        for key in FileSystemReader(str(tmp_path / "dcp")).read_metadata().state_dict_metadata
+        if key.startswith("model.")
+    }
+    trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    assert saved == trainable and saved.isdisjoint(policy.frozen_parameter_names())
+
+    fresh = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
+    fresh_optimizer = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=1e-2)
+    assert load_train_state(tmp_path, fresh, fresh_optimizer, frozen_from_disk=True) == {"step": 1}
+    for name, tensor in policy.state_dict().items():
+        assert torch.equal(tensor, fresh.state_dict()[name]), name

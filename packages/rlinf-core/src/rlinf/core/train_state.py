@@ -8,6 +8,11 @@ Under ``global_step_N/actor/`` every actor writes:
 - ``extra_rank{r}.pt``: this rank's RNG states and what the stack adds (the
   step, the LR scheduler, a weight version, ...).
 
+A model whose frozen parameters every worker loads from the same place (a
+LoRA base) passes ``frozen_from_disk=True``: the checkpoint then holds only
+its trainable parameters and buffers (the adapter), and loading leaves the
+frozen ones as they are.
+
 Both functions are collective over the actor's process group: every rank calls
 them. torch is imported here (the ``rl`` extra of rlinf-core);
 ``torch.distributed.checkpoint`` (DTensor, sympy: ~3 s) only when called, so
@@ -26,8 +31,19 @@ from rlinf.core.checkpoint import rng_state, set_rng_state
 __all__ = ["load_train_state", "save_train_state"]
 
 
+def _options(frozen_from_disk: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=frozen_from_disk, strict=not frozen_from_disk)
+
+
 def save_train_state(
-    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    *,
+    frozen_from_disk: bool = False,
 ) -> None:
     """Writes the model and optimizer shards and this rank's extras into ``folder``.
 
@@ -36,19 +52,24 @@ def save_train_state(
         model: The (FSDP-wrapped) model.
         optimizer: Its optimizer.
         extra: Picklable per-rank state to keep beside them; the RNG states are added.
+        frozen_from_disk: Leave the frozen parameters out (see the module docstring).
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     folder.mkdir(parents=True, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(frozen_from_disk))
     dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / "dcp"))
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     torch.save({**extra, "rng": rng_state()}, folder / f"extra_rank{rank}.pt")
 
 
 def load_train_state(
-    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    frozen_from_disk: bool = False,
 ) -> dict[str, Any]:
     """Restores what :func:`save_train_state` wrote and this rank's RNG states.
 
@@ -59,6 +80,7 @@ def load_train_state(
         folder: The checkpoint's ``actor`` folder.
         model: The model to load into.
         optimizer: Its optimizer.
+        frozen_from_disk: The value the checkpoint was saved with.
 
     Returns:
         This rank's extras (what the stack passed to :func:`save_train_state`).
@@ -71,11 +93,16 @@ def load_train_state(
 
     if not (folder / "dcp").is_dir():
         raise FileNotFoundError(f"no actor state in {str(folder)!r} (expected {folder / 'dcp'})")
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = _options(frozen_from_disk)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp_load(state, checkpoint_id=str(folder / "dcp"))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
     )
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     extra_path = folder / f"extra_rank{rank}.pt"

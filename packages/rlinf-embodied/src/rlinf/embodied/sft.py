@@ -19,12 +19,14 @@ tutorial train in seconds to minutes on a CPU. Command line::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -216,6 +218,13 @@ def run_sft(
     return result
 
 
+def _camera_kwargs(model_path: str, env_type: str) -> dict[str, Any]:
+    """``{wrist_camera: true}`` for lang_reach when the model reads a wrist image."""
+    config = Path(model_path) / "config.json"
+    wrist = config.is_file() and bool(json.loads(config.read_text()).get("wrist_image", False))
+    return {"wrist_camera": True} if wrist and env_type == "lang_reach" else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line of :func:`run_sft` (``python -m rlinf.embodied.sft --help``)."""
     parser = argparse.ArgumentParser(
@@ -246,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "num_envs": args.num_envs,
             "obs_mode": "rgb",
             "image_size": args.image_size,
+            "env_kwargs": _camera_kwargs(args.model_path, args.env_type),
         }
     )
     demos = Demonstrations.load(args.demos) if args.demos else None

@@ -25,7 +25,8 @@ __all__ = ["EnvOutput", "EnvSpec", "PolicyOutput", "RolloutBatch", "Trajectory"]
 
 Obs = dict[str, "torch.Tensor"]
 """Observation dict: ``states`` [n, d] float32 and/or ``main_images`` [n, H, W, 3] uint8;
-language-conditioned envs add ``task_ids`` [n] int64, indices into ``EnvSpec.instructions``."""
+envs with a wrist camera add ``wrist_images`` [n, H', W', 3] uint8; language-conditioned
+envs add ``task_ids`` [n] int64, indices into ``EnvSpec.instructions``."""
 
 
 def _to_cpu(value: Any) -> Any:
@@ -53,6 +54,8 @@ class EnvSpec:
             [n] int64 indices into this tuple instead of strings, so the observation
             stays a dict of tensors (zero-copy through channels) and a policy
             tokenizes each instruction once.
+        wrist_image_shape: ``(H, W, 3)`` of ``obs["wrist_images"]`` (a camera on the
+            robot's hand), or None without one.
     """
 
     state_dim: int | None
@@ -63,6 +66,7 @@ class EnvSpec:
     action_high: tuple[float, ...] | None = None
     max_episode_steps: int = 0
     instructions: tuple[str, ...] | None = None
+    wrist_image_shape: tuple[int, int, int] | None = None
 
     @property
     def discrete(self) -> bool:

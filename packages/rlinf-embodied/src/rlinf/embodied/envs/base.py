@@ -481,7 +481,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         out: Obs = {}
         for key, value in obs.items():
             t = torch.as_tensor(value).detach().cpu()
-            if key == "main_images":
+            if key in ("main_images", "wrist_images"):
                 t = t.to(torch.uint8)
             elif t.is_floating_point() or t.dtype == torch.bool or key == "states":
                 t = t.to(torch.float32)

@@ -25,6 +25,9 @@ targets' positions in red/green/blue order (``obs_mode: state``), and
 ``task_ids`` [n] int64 into ``EnvSpec.instructions`` (3 phrasings x 3 colours).
 Reward (``env_kwargs: {reward: sparse|shaped}``): ``sparse`` is 1 on the
 success step; ``shaped`` adds the decrease of the distance to the target.
+``env_kwargs: {wrist_camera: true}`` (``rgb`` only) adds ``wrist_images``, the
+same size as ``main_images``: a view that moves with the agent (centred on
+it, 2x zoom, so half the arena wide), with the area outside the arena grey.
 
 :meth:`LangReachEnv.expert_actions` (and :meth:`LangReachEnv.expert_chunk`,
 ``C`` steps ahead) is a scripted expert, straight to the named target, for
@@ -56,6 +59,8 @@ _FIXED_CORNERS = (0, 1, 2)  # red, green, blue in the fixed layout
 _STEP_SCALE = 0.15
 _SUCCESS_RADIUS = 0.12
 _START_RANGE = 0.5
+_WRIST_ZOOM = 2.0
+_OUTSIDE_GREY = 90
 _DEFAULT_STEPS = 16
 _DEFAULT_IMAGE = (32, 32)
 _MIN_IMAGE = 16
@@ -80,11 +85,11 @@ class LangReachEnv(VectorEnv):
                 "sim_backend='gpu' is not available for env_type 'lang_reach' (it runs in "
                 "torch on the CPU); set sim_backend to 'auto' or 'cpu'"
             )
-        extra = set(cfg.env_kwargs) - {"reward"}
+        extra = set(cfg.env_kwargs) - {"reward", "wrist_camera"}
         if extra:
             raise ValueError(
-                f"env_kwargs {sorted(extra)} are not lang_reach options; the only one is "
-                "reward: sparse|shaped"
+                f"env_kwargs {sorted(extra)} are not lang_reach options; they are "
+                "reward: sparse|shaped and wrist_camera: true|false"
             )
         self._reward_mode = str(cfg.env_kwargs.get("reward", "sparse"))
         if self._reward_mode not in _REWARDS:
@@ -93,6 +98,12 @@ class LangReachEnv(VectorEnv):
                 "'shaped' (plus the decrease of the distance to the target)"
             )
         self._rgb = cfg.obs_mode == "rgb"
+        self._wrist = bool(cfg.env_kwargs.get("wrist_camera", False))
+        if self._wrist and not self._rgb:
+            raise ValueError(
+                f"env_kwargs.wrist_camera=true needs obs_mode: rgb (got {cfg.obs_mode!r}); "
+                "set obs_mode: rgb or drop wrist_camera"
+            )
         self._size = cfg.image_size or _DEFAULT_IMAGE
         if min(self._size) < _MIN_IMAGE:
             raise ValueError(
@@ -113,6 +124,7 @@ class LangReachEnv(VectorEnv):
             action_high=(1.0, 1.0),
             max_episode_steps=cfg.max_episode_steps or _DEFAULT_STEPS,
             instructions=INSTRUCTIONS,
+            wrist_image_shape=(self._size[0], self._size[1], 3) if self._wrist else None,
         )
 
     # ------------------------------------------------------------------ state
@@ -197,27 +209,39 @@ class LangReachEnv(VectorEnv):
         obs: Obs = {"task_ids": self._task[rows].clone()}
         if self._rgb:
             obs["main_images"] = self._render(rows)
+            if self._wrist:
+                obs["wrist_images"] = self._render(rows, wrist=True)
             obs["states"] = self._agent[rows].clone()
         else:
             targets = self._targets[rows].reshape(-1, 6)
             obs["states"] = torch.cat([self._agent[rows], targets], dim=1)
         return obs
 
-    def _render(self, rows: torch.Tensor | slice) -> torch.Tensor:
-        """[m, H, W, 3] uint8 frames of the envs in ``rows``: targets, then the agent on top."""
+    def _render(self, rows: torch.Tensor | slice, *, wrist: bool = False) -> torch.Tensor:
+        """[m, H, W, 3] uint8 frames of the envs in ``rows``: targets, then the agent on top.
+
+        ``wrist``: the view centred on the agent at ``_WRIST_ZOOM`` (positions become
+        ``(p - agent) * zoom``), grey outside the arena.
+        """
         height, width = self._size
         agent, targets = self._agent[rows], self._targets[rows]
         m = agent.shape[0]
         ys = torch.arange(height).view(1, height, 1)
         xs = torch.arange(width).view(1, 1, width)
         frames = torch.zeros(m, height, width, 3, dtype=torch.uint8)
-        scale = min(height, width) / 32
+        zoom = _WRIST_ZOOM if wrist else 1.0
+        origin = agent if wrist else torch.zeros_like(agent)
+        if wrist:  # pixel -> arena coordinates; outside [-1, 1]^2 is grey
+            arena_x = origin[:, 0].view(-1, 1, 1) + (xs / (width - 1) * 2 - 1) / zoom
+            arena_y = origin[:, 1].view(-1, 1, 1) + (1 - ys / (height - 1) * 2) / zoom
+            frames[(arena_x.abs() > 1) | (arena_y.abs() > 1)] = _OUTSIDE_GREY
+        scale = min(height, width) / 32 * zoom
         half_target = max(1, int(2 * scale))  # 5x5 pixels at 32x32
         for colour in range(len(COLOURS)):
-            mask = self._square(targets[:, colour], ys, xs, half_target)
-            frames[mask] = _RGB[colour]
+            centre = (targets[:, colour] - origin) * zoom
+            frames[self._square(centre, ys, xs, half_target)] = _RGB[colour]
         half_agent = max(1, int(scale))  # 3x3 pixels at 32x32
-        frames[self._square(agent, ys, xs, half_agent)] = 255
+        frames[self._square((agent - origin) * zoom, ys, xs, half_agent)] = 255
         return frames
 
     def _square(

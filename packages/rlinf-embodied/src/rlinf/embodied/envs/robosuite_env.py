@@ -7,7 +7,9 @@ build time with an error that names the extra to reinstall.
 * ``obs_mode: state``: no cameras; ``states`` is the concatenation of the
   ``*-state`` observables (``robot0_proprio-state`` then ``object-state``).
 * ``obs_mode: rgb``: adds ``main_images`` from the first of ``camera_names``
-  (``agentview``) at ``image_size`` (default 84x84), flipped upright.
+  (``agentview``) at ``image_size`` (default 84x84), flipped upright; a second
+  camera (``env_kwargs: {camera_names: [agentview, robot0_eye_in_hand]}``)
+  gives ``wrist_images`` the same way.
 * Success is ``env._check_success()``; it also terminates the episode (as in
   LIBERO). robosuite's own horizon is disabled (``ignore_done``); the episode
   limit is ``max_episode_steps`` (default 200).
@@ -102,7 +104,14 @@ class RobosuiteVectorEnv(VectorEnv):
         }
         kwargs.update(cfg.env_kwargs)
         cameras = kwargs["camera_names"]
-        self._camera = str(cameras if isinstance(cameras, str) else cameras[0])
+        cameras = [cameras] if isinstance(cameras, str) else [str(c) for c in cameras]
+        if not 1 <= len(cameras) <= 2:
+            raise ValueError(
+                f"env_kwargs.camera_names={cameras}: give one camera (main_images) or two "
+                "(main_images, wrist_images), e.g. [agentview, robot0_eye_in_hand]"
+            )
+        self._camera = cameras[0]
+        self._wrist_camera = cameras[1] if self._rgb and len(cameras) == 2 else None
         self._envs: list[Any] = []
         try:
             for i in range(self.num_envs):
@@ -126,8 +135,11 @@ class RobosuiteVectorEnv(VectorEnv):
         state_dim = sum(int(np.size(first[k])) for k in self._state_keys)
         self._states = np.zeros((self.num_envs, state_dim), dtype=np.float32)
         self._images: NDArray[Any] | None = None
+        self._wrist_images: NDArray[Any] | None = None
         if self._rgb:
             self._images = np.zeros((self.num_envs, h, w, 3), dtype=np.uint8)
+        if self._wrist_camera is not None:
+            self._wrist_images = np.zeros((self.num_envs, h, w, 3), dtype=np.uint8)
         low, high = self._envs[0].action_spec
         return EnvSpec(
             state_dim=state_dim,
@@ -136,6 +148,7 @@ class RobosuiteVectorEnv(VectorEnv):
             action_low=tuple(float(x) for x in np.asarray(low).reshape(-1)),
             action_high=tuple(float(x) for x in np.asarray(high).reshape(-1)),
             max_episode_steps=int(max_steps),
+            wrist_image_shape=(h, w, 3) if self._wrist_images is not None else None,
         )
 
     def _store(self, env_id: int, raw: dict[str, Any]) -> None:
@@ -143,15 +156,23 @@ class RobosuiteVectorEnv(VectorEnv):
             [np.asarray(raw[k], dtype=np.float32).reshape(-1) for k in self._state_keys]
         )
         if self._images is not None:
-            image = np.ascontiguousarray(np.asarray(raw[f"{self._camera}_image"])[::-1])
-            self._images[env_id] = resize_images(torch.from_numpy(image[None]), self._image_size)[
-                0
-            ].numpy()
+            self._images[env_id] = self._upright(raw, self._camera)
+        if self._wrist_images is not None and self._wrist_camera is not None:
+            self._wrist_images[env_id] = self._upright(raw, self._wrist_camera)
+
+    def _upright(self, raw: dict[str, Any], camera: str) -> NDArray[Any]:
+        image = np.ascontiguousarray(np.asarray(raw[f"{camera}_image"])[::-1])
+        resized: NDArray[Any] = resize_images(torch.from_numpy(image[None]), self._image_size)[
+            0
+        ].numpy()
+        return resized
 
     def _current_obs(self) -> Obs:
         obs: Obs = {"states": torch.from_numpy(self._states)}
         if self._images is not None:
             obs["main_images"] = torch.from_numpy(self._images)
+        if self._wrist_images is not None:
+            obs["wrist_images"] = torch.from_numpy(self._wrist_images)
         return obs
 
     def _reset_envs(self, env_ids: NDArray[Any], seeds: NDArray[Any]) -> Obs:

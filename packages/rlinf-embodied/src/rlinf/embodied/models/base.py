@@ -99,6 +99,20 @@ class BasePolicy(nn.Module, ABC):
         return self.cfg.value_dim
 
     @property
+    def frozen_from_disk(self) -> bool:
+        """Whether the frozen parameters come unchanged from ``model_path`` in every worker.
+
+        True for a LoRA policy: its base weights never train and every actor and
+        rollout worker loads them from the same directory, so weight syncs and
+        checkpoints carry only the trainable tensors (and the buffers).
+        """
+        return False
+
+    def frozen_parameter_names(self) -> set[str]:
+        """State-dict names of the parameters that do not train (``requires_grad`` False)."""
+        return {name for name, p in self.named_parameters() if not p.requires_grad}
+
+    @property
     def device(self) -> torch.device:
         """Device of the parameters."""
         return next(self.parameters()).device

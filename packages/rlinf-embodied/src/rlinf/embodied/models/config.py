@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_LORA_TARGET_MODULES",
     "Activation",
     "FlowSampler",
+    "FlowStart",
     "LoRAConfig",
     "PolicyConfig",
     "Precision",
@@ -39,6 +40,12 @@ FlowSampler = Literal["ode", "sde", "noise"]
 """How a flow VLA samples in train mode: ``ode`` (deterministic), ``sde`` (one
 stochastic denoising step per call, Gaussian log-density), ``noise`` (learned noise
 scale, joint log-density over the steps). Eval mode always integrates the ODE."""
+
+FlowStart = Literal["zero", "sampled"]
+"""Where a flow VLA's denoising chain starts: ``zero`` (``x_1 = 0``, the noise mean:
+every random part of a train-mode action is a scored step, and eval is a
+deterministic function of the observation) or ``sampled`` (``x_1 ~ N(0, I)`` as in
+pi0; the draw is not part of the log-probability, and eval draws it too)."""
 
 _MAX_CNN_LAYERS = 3
 
@@ -189,6 +196,7 @@ class PolicyConfig(RLinfModel):
             actions (null: the only entry).
         flow_sampler: Flow VLAs: train-mode sampler (see :data:`FlowSampler`).
         noise_level: Flow VLAs: noise scale of the ``sde`` sampler.
+        flow_start: Flow VLAs: the chain's start (see :data:`FlowStart`).
         lora: VLAs: low-rank adapters on the backbones (null: train every weight);
             see :class:`LoRAConfig`.
     """
@@ -237,6 +245,9 @@ class PolicyConfig(RLinfModel):
     )
     noise_level: float = Field(
         default=0.5, gt=0, allow_inf_nan=False, description="Flow VLAs: sde noise scale."
+    )
+    flow_start: FlowStart = Field(
+        default="zero", description="Flow VLAs: chain start, zero (noise mean) or sampled."
     )
     lora: LoRAConfig | None = Field(
         default=None, description="VLAs: LoRA adapters on the backbones (null: full training)."

@@ -208,8 +208,11 @@ class EmbodiedFSDPActor(Worker):
 
     # ------------------------------------------------------------------ weights
 
-    def get_full_state_dict(self) -> dict[str, torch.Tensor]:
+    def get_full_state_dict(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         """The full (unsharded) policy state dict on the CPU; collective over actor ranks.
+
+        Args:
+            trainable_only: Leave out the frozen parameters (they are not gathered).
 
         Returns:
             The state dict on rank 0, an empty dict on other ranks.
@@ -217,14 +220,18 @@ class EmbodiedFSDPActor(Worker):
         model, _, _ = self._parts()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
+        )
         state = get_model_state_dict(model, options=options)
         return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
     def sync_model_to_rollout(self) -> int:
         """Broadcasts the full weights from rank 0 to every rollout rank.
 
-        Every actor rank takes part in gathering the shards; rank 0 sends.
+        Every actor rank takes part in gathering the shards; rank 0 sends. A policy
+        whose frozen parameters come from ``model_path`` (LoRA) sends only its
+        trainable tensors and buffers.
 
         Returns:
             The weight version sent (the global step).
@@ -247,7 +254,7 @@ class EmbodiedFSDPActor(Worker):
 
         with self.worker_timer("sync_weights"):
             with lock:
-                state = self.get_full_state_dict()  # gathered on rank 0
+                state = self.get_full_state_dict(self._parts()[0].frozen_from_disk)
             if self.rank == 0:
                 send_weights(list(state.items()), self.global_step, DEFAULT_BUCKET_BYTES, send)
         return self.global_step
@@ -554,7 +561,13 @@ class EmbodiedFSDPActor(Worker):
         extra = {"step": step, "scheduler": scheduler.state_dict()}
         phase = self.device_phase(lock=False, offload=self._offload)
         with self.worker_timer("save_checkpoint"), phase:
-            save_train_state(Path(path) / "actor", model, optimizer, extra)
+            save_train_state(
+                Path(path) / "actor",
+                model,
+                optimizer,
+                extra,
+                frozen_from_disk=model.frozen_from_disk,
+            )
 
     def load_checkpoint(self, path: str) -> int:
         """Restores what :meth:`save_checkpoint` wrote.
@@ -567,7 +580,9 @@ class EmbodiedFSDPActor(Worker):
         """
         model, optimizer, scheduler = self._parts()
         with self.device_phase(lock=False, offload=self._offload):
-            extra = load_train_state(Path(path) / "actor", model, optimizer)
+            extra = load_train_state(
+                Path(path) / "actor", model, optimizer, frozen_from_disk=model.frozen_from_disk
+            )
         scheduler.load_state_dict(extra["scheduler"])
         self.global_step = int(extra["step"])
         return self.global_step

@@ -52,6 +52,8 @@ class MultiStepRolloutWorker(Worker):
         setup_process(cfg)
         self.policy: BasePolicy | None = None
         self.version = -1
+        self.last_sync: dict[str, int] = {}
+        self._frozen_names: set[str] = set()
         self.device = select_device()
         self._actor_group = ""
         self._env_ranks: list[int] = []
@@ -83,6 +85,7 @@ class MultiStepRolloutWorker(Worker):
         # Its own init (not the actor's): until the first sync the weights differ.
         torch.manual_seed(derive_seed(cfg.actor.seed, "rollout", self.rank) % 2**31)
         policy = build_policy(cfg.actor.model, spec)
+        self._frozen_names = policy.frozen_parameter_names()  # before freezing the rest
         policy.requires_grad_(False)
         policy.eval()
         self.policy = policy.to("cpu" if offload and self.device.type == "cuda" else self.device)
@@ -117,9 +120,20 @@ class MultiStepRolloutWorker(Worker):
 
         with self.worker_timer("sync_weights"):
             version, _, _ = receive_weights(receive, lambda b: state.update(b.tensors))
-            policy.load_state_dict(state, strict=True)  # names every missing or extra weight
+            if policy.frozen_from_disk:  # LoRA: the frozen base is model_path's
+                _load_trainable(policy, state, self._frozen_names, int(version))
+            else:
+                policy.load_state_dict(state, strict=True)  # names every missing or extra weight
         self.version = int(version)
+        self.last_sync = {
+            "tensors": len(state),
+            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+        }
         return self.version
+
+    def get_last_sync(self) -> dict[str, int]:
+        """``{"tensors", "bytes"}`` the last weight sync delivered (empty before the first)."""
+        return dict(self.last_sync)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's current state dict as CPU tensors (for checks and tests)."""
@@ -208,3 +222,18 @@ class MultiStepRolloutWorker(Worker):
         if mode == "eval":  # env ranks only need the actions
             result = PolicyOutput(actions=result.actions, version=self.version)
         return split_policy_output(result, [o.num_envs for o in outputs])
+
+
+def _load_trainable(
+    policy: BasePolicy, state: dict[str, torch.Tensor], frozen: set[str], version: int
+) -> None:
+    """Loads a sync that left out the ``frozen`` parameters; anything else missing raises."""
+    result = policy.load_state_dict(state, strict=False)
+    missing = set(result.missing_keys) - frozen
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"weight sync of version {version}: the actor did not send the trainable "
+            f"weights {sorted(missing)[:5]} and sent unknown ones "
+            f"{sorted(result.unexpected_keys)[:5]}; actor and rollout must build the same "
+            "policy (same actor.model config and model_path)"
+        )

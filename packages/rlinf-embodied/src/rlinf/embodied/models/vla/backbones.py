@@ -23,6 +23,7 @@ __all__ = [
     "Projector",
     "ValueMLP",
     "additive_attention_mask",
+    "build_image_embeddings",
     "build_llama",
     "build_prefix_modules",
     "build_vision_tower",
@@ -174,6 +175,7 @@ class PrefixModules(Protocol):
     projector: Projector
     language_model: LlamaModel
     proprio_projector: nn.Linear | None
+    image_embeddings: nn.Embedding | None
 
 
 def build_prefix_modules(
@@ -197,6 +199,24 @@ def build_prefix_modules(
     )
 
 
+def build_image_embeddings(config: Any, width: int) -> nn.Embedding | None:
+    """Learned per-image embeddings (main, wrist) added to each image's tokens.
+
+    Args:
+        config: A ``TokenVLAConfig`` or ``FlowVLAConfig``.
+        width: The language backbone's hidden size.
+
+    Returns:
+        An ``nn.Embedding(num_images, width)`` (N(0, 0.02) weights), or None for a
+        model that sees one image.
+    """
+    if config.num_images == 1:
+        return None
+    embeddings = nn.Embedding(config.num_images, width)
+    nn.init.normal_(embeddings.weight, std=0.02)
+    return embeddings
+
+
 def prefix_embeddings(
     model: PrefixModules,
     pixel_values: Tensor,
@@ -209,7 +229,8 @@ def prefix_embeddings(
 
     Args:
         model: The modules (a VLA model).
-        pixel_values: ``[B, 3, S, S]`` normalised images.
+        pixel_values: ``[B, 3, S, S]`` normalised images, or ``[B, K, 3, S, S]`` for a
+            model with ``K`` images (main, wrist): their patches follow one another.
         input_ids: ``[B, L]`` left-padded prompt ids.
         attention_mask: ``[B, L]`` 1 for real prompt tokens.
         states: ``[B, state_dim]``; required iff the model has a proprio token.
@@ -220,10 +241,20 @@ def prefix_embeddings(
         always valid, prompt positions as ``attention_mask``).
 
     Raises:
-        ValueError: The model has a proprio token but ``states`` is None.
+        ValueError: The model has a proprio token but ``states`` is None, or the number
+            of images is not the model's.
     """
-    patches = model.vision_tower(pixel_values=pixel_values.to(dtype)).last_hidden_state
-    parts = [model.projector(patches)]
+    images = pixel_values if pixel_values.ndim == 5 else pixel_values.unsqueeze(1)
+    batch, count = images.shape[:2]
+    expected = 1 if model.image_embeddings is None else model.image_embeddings.num_embeddings
+    if count != expected:
+        raise ValueError(f"the model takes {expected} image(s) per observation, got {count}")
+    flat = images.flatten(0, 1).to(dtype)
+    patches = model.projector(model.vision_tower(pixel_values=flat).last_hidden_state)
+    patches = patches.view(batch, count, patches.shape[1], patches.shape[2])
+    if model.image_embeddings is not None:
+        patches = patches + model.image_embeddings.weight.view(1, count, 1, -1)
+    parts = [patches.flatten(1, 2)]
     if model.proprio_projector is not None:
         if states is None:
             raise ValueError(

@@ -113,6 +113,8 @@ class _VLAConfigFields(PreTrainedConfig):  # type: ignore[no-untyped-call]
         num_action_chunks: ``C``: actions executed per call.
         image_size: Square side, in pixels, of the images the vision tower sees.
         state_dim: Length of the proprioceptive state (0: no proprio token).
+        wrist_image: Whether the model also sees ``obs["wrist_images"]`` (a second image
+            through the same vision tower, told apart by a learned image embedding).
         max_prompt_length: Prompt tokens per instruction (left-padded to this length).
         add_value_head: Whether the model has a value head.
         value_type: ``chunk_level`` (1 value) or ``action_level`` (``C`` values).
@@ -126,6 +128,7 @@ class _VLAConfigFields(PreTrainedConfig):  # type: ignore[no-untyped-call]
     num_action_chunks: int = 4
     image_size: int = 32
     state_dim: int = 0
+    wrist_image: bool = False
     max_prompt_length: int = 16
     add_value_head: bool = True
     value_type: str = "action_level"
@@ -161,6 +164,11 @@ class _VLAConfigFields(PreTrainedConfig):  # type: ignore[no-untyped-call]
     def num_patches(self) -> int:
         """Image tokens per image."""
         return (self.image_size // int(self.vision_config["patch_size"])) ** 2
+
+    @property
+    def num_images(self) -> int:
+        """Images per observation: the main camera, plus the wrist camera if used."""
+        return 2 if self.wrist_image else 1
 
 
 class TokenVLAConfig(_VLAConfigFields):  # type: ignore[no-untyped-call]

@@ -32,6 +32,7 @@ from transformers import AutoModel, PreTrainedModel
 from rlinf.embodied.models.vla.backbones import (
     ValueMLP,
     additive_attention_mask,
+    build_image_embeddings,
     build_llama,
     build_prefix_modules,
     prefix_embeddings,
@@ -121,6 +122,7 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         self.vision_tower, self.projector, self.language_model, self.proprio_projector = (
             build_prefix_modules(config, width)
         )
+        self.image_embeddings = build_image_embeddings(config, width)
         self.prefix_to_expert = nn.Linear(width, expert_width)
         self.expert = build_llama(config.expert_config)
         self.action_in = nn.Linear(config.action_dim, expert_width)
@@ -157,7 +159,7 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         """Runs the VLM prefix once.
 
         Args:
-            pixel_values: ``[B, 3, S, S]`` normalised images.
+            pixel_values: ``[B, 3, S, S]`` (or ``[B, 2, 3, S, S]`` with a wrist image) images.
             input_ids: ``[B, L]`` left-padded prompt ids.
             attention_mask: ``[B, L]`` prompt validity.
             states: ``[B, state_dim]`` when the model has a proprio token.

@@ -32,6 +32,7 @@ from rlinf.embodied.models.vla.action_bins import ActionBins
 from rlinf.embodied.models.vla.backbones import (
     ValueMLP,
     additive_attention_mask,
+    build_image_embeddings,
     build_prefix_modules,
     prefix_embeddings,
     run_llama,
@@ -77,6 +78,7 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         self.vision_tower, self.projector, self.language_model, self.proprio_projector = (
             build_prefix_modules(config, width)
         )
+        self.image_embeddings = build_image_embeddings(config, width)
         self.slot_embeddings = nn.Embedding(self.num_slots, width)
         self.lm_head = nn.Linear(width, int(config.text_config["vocab_size"]), bias=False)
         self.value_head = (
@@ -106,7 +108,7 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         """Embeds images, proprio and prompt.
 
         Args:
-            pixel_values: ``[B, 3, S, S]`` normalised images.
+            pixel_values: ``[B, 3, S, S]`` (or ``[B, 2, 3, S, S]`` with a wrist image) images.
             input_ids: ``[B, L]`` left-padded prompt ids.
             attention_mask: ``[B, L]`` 1 for real prompt tokens.
             states: ``[B, state_dim]`` (required iff ``state_dim > 0``).
@@ -147,7 +149,7 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         """One parallel-decoding pass.
 
         Args:
-            pixel_values: ``[B, 3, S, S]`` normalised images.
+            pixel_values: ``[B, 3, S, S]`` (or ``[B, 2, 3, S, S]`` with a wrist image) images.
             input_ids: ``[B, L]`` left-padded prompt ids.
             attention_mask: ``[B, L]`` prompt validity.
             states: ``[B, state_dim]`` when the model has a proprio token.

@@ -11,13 +11,15 @@ wrong checkpoint fails before the first rollout instead of scoring 0%.
 
 Observations: ``main_images`` [n, H, W, 3] uint8, ``task_ids`` [n] int64 indices
 into ``EnvSpec.instructions`` (tokenized once here and cached as buffers), and
-``states`` [n, d] float32 when the model has a proprio token. ``forward_inputs``
+``states`` [n, d] float32 when the model has a proprio token, ``wrist_images``
+[n, H, W, 3] uint8 when it has a wrist image (``wrist_image``). ``forward_inputs``
 carries those entries (raw uint8 images: the actor re-runs the same
 deterministic preprocessing) plus ``action_tokens`` [n, C, A] int64 (token) or
 ``chains`` [n, N + 1, H, A] float32 and ``denoise_inds`` [n, N] int64 (flow).
 Train-mode sampling reads ``cfg.temperature``/``cfg.top_k`` or
 ``cfg.flow_sampler``/``cfg.noise_level``, the same fields the actor re-scores
-with; eval mode is deterministic (argmax / ODE).
+with; eval mode takes the argmax (token) or integrates the ODE from
+``cfg.flow_start`` (flow; deterministic with the default ``zero``).
 
 LoRA (``actor.model.lora``): the loaded model gets adapters through
 :func:`~rlinf.embodied.models.vla.lora.apply_lora` before the policy stores it.
@@ -118,6 +120,8 @@ class _VLAPolicy(BasePolicy):
     config_class: ClassVar[type[TokenVLAConfig] | type[FlowVLAConfig]]
     prompt_ids: Tensor
     prompt_mask: Tensor
+    reads_wrist_image: bool
+    """Whether the model takes ``obs["wrist_images"]`` (its config's ``wrist_image``)."""
     peft_model: PeftModel | None
     """The PEFT wrapper of ``self.model`` when ``cfg.lora`` is set (not a submodule)."""
 
@@ -136,6 +140,7 @@ class _VLAPolicy(BasePolicy):
         self.unnorm_key, self.action_normalizer = load_action_normalizer(path, cfg.unnorm_key)
         tokenizer = load_instruction_tokenizer(path)
         self._check_model(model.config, len(tokenizer))
+        self.reads_wrist_image = bool(model.config.wrist_image)
         assert spec.instructions is not None  # check_spec guarantees it
         ids, mask = encode_instructions(
             tokenizer, spec.instructions, int(model.config.max_prompt_length)
@@ -150,6 +155,11 @@ class _VLAPolicy(BasePolicy):
 
     def _set_model(self, model: PreTrainedModel) -> None:
         raise NotImplementedError
+
+    @property
+    def frozen_from_disk(self) -> bool:
+        """With LoRA the frozen base is ``model_path``'s, in every worker."""
+        return self.peft_model is not None
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Writes this policy's model directory (what ``model_path`` loads).
@@ -255,6 +265,21 @@ class _VLAPolicy(BasePolicy):
                 f"{size}x{size} images (image_size); render the env at that size or set "
                 "do_resize: true in preprocessor_config.json"
             )
+        if config.wrist_image and spec.wrist_image_shape is None:
+            raise ValueError(
+                f"the model at {path!r} takes a wrist image (config wrist_image: true) but "
+                "EnvSpec.wrist_image_shape is None; use an env with a wrist camera (lang_reach: "
+                "env_kwargs.wrist_camera: true; robosuite: a second camera_names entry) or a "
+                "model without wrist_image"
+            )
+        wrist = spec.wrist_image_shape
+        resizes = self.image_processor.do_resize
+        if config.wrist_image and wrist is not None and wrist[:2] != (size, size) and not resizes:
+            raise ValueError(
+                f"EnvSpec.wrist_image_shape={wrist} but the model at {path!r} takes "
+                f"{size}x{size} images; render the wrist camera at that size or set "
+                "do_resize: true in preprocessor_config.json"
+            )
         if config.state_dim > 0 and spec.state_dim != config.state_dim:
             raise ValueError(
                 f"EnvSpec.state_dim={spec.state_dim} but the model at {path!r} has a proprio "
@@ -289,8 +314,10 @@ class _VLAPolicy(BasePolicy):
         return int(config.text_config["vocab_size"])
 
     def _read_obs(self, obs: Mapping[str, Any], *, needs_states: bool) -> dict[str, Tensor]:
-        """Picks and checks ``main_images``, ``task_ids`` and (if used) ``states``."""
+        """Picks and checks ``main_images``, ``task_ids`` and (if used) ``states``, wrist images."""
+        wrist = self.reads_wrist_image
         keys = ["main_images", "task_ids"] + (["states"] if needs_states else [])
+        keys += ["wrist_images"] if wrist else []
         missing = [key for key in keys if key not in obs]
         if missing:
             raise KeyError(
@@ -316,6 +343,18 @@ class _VLAPolicy(BasePolicy):
                 f"values in [{int(task_ids.min())}, {int(task_ids.max())}]"
             )
         inputs = {"main_images": images, "task_ids": task_ids}
+        if wrist:
+            wrist_images = obs["wrist_images"]
+            shape = tuple(self.spec.wrist_image_shape or ())
+            if wrist_images.dtype != torch.uint8 or tuple(wrist_images.shape) != (
+                images.shape[0],
+                *shape,
+            ):
+                raise ValueError(
+                    f"obs['wrist_images'] must be uint8 [n={images.shape[0]}, *{shape}], got "
+                    f"{wrist_images.dtype} {tuple(wrist_images.shape)}"
+                )
+            inputs["wrist_images"] = wrist_images
         if needs_states:
             states = obs["states"]
             if states.ndim != 2 or states.shape[0] != images.shape[0]:
@@ -329,8 +368,12 @@ class _VLAPolicy(BasePolicy):
         device = self.prompt_ids.device
         task_ids = inputs["task_ids"].to(device)
         states = inputs.get("states")
+        pixel_values = self.image_processor(inputs["main_images"].to(device))
+        if "wrist_images" in inputs:  # [B, 2, 3, S, S]: main, then wrist
+            wrist = self.image_processor(inputs["wrist_images"].to(device))
+            pixel_values = torch.stack([pixel_values, wrist], dim=1)
         return _ModelInputs(
-            pixel_values=self.image_processor(inputs["main_images"].to(device)),
+            pixel_values=pixel_values,
             input_ids=self.prompt_ids[task_ids],
             attention_mask=self.prompt_mask[task_ids],
             states=None if states is None else states.to(device),
@@ -554,8 +597,9 @@ class FlowVLAPolicy(_VLAPolicy):
         Args:
             obs: ``main_images``, ``task_ids`` and (with a proprio token) ``states``.
             mode: ``train`` samples with ``cfg.flow_sampler``/``cfg.noise_level``; ``eval``
-                integrates the ODE from the noise mean ``x_1 = 0``, a deterministic function
-                of the observation like a Gaussian policy's mean action (logprobs are zeros).
+                integrates the ODE (logprobs are zeros). Both start from ``cfg.flow_start``:
+                with ``zero`` eval is a deterministic function of the observation, like a
+                Gaussian policy's mean action.
             generator: Random generator for the noise and the stochastic step.
 
         Returns:
@@ -574,7 +618,7 @@ class FlowVLAPolicy(_VLAPolicy):
                 sampler=sampler,
                 noise_level=self.cfg.noise_level,
                 generator=generator,
-                start_at_mean=mode == "eval",
+                start_at_mean=self.cfg.flow_start == "zero",
             )
             batch = sample.chains.shape[0]
             actions = self.action_normalizer.denormalize(self._executed(sample.actions))

@@ -60,6 +60,7 @@ def make_tiny_vla(
     num_action_chunks: int = 4,
     instructions: Sequence[str] = DEFAULT_INSTRUCTIONS,
     seed: int = 0,
+    wrist_image: bool = False,
     patch_size: int = 8,
     n_action_bins: int = 32,
     action_horizon: int | None = None,
@@ -83,6 +84,7 @@ def make_tiny_vla(
         num_action_chunks: ``C``.
         instructions: The instructions the tokenizer must cover.
         seed: Seed of the random initialisation.
+        wrist_image: The model also sees ``obs["wrist_images"]``.
         patch_size: Vision patch side (divides ``image_size``).
         n_action_bins: Bins per action dimension (token).
         action_horizon: ``H >= C`` (flow; default ``C``).
@@ -118,6 +120,7 @@ def make_tiny_vla(
         "num_action_chunks": num_action_chunks,
         "image_size": image_size,
         "state_dim": state_dim,
+        "wrist_image": wrist_image,
         "max_prompt_length": prompt_length,
         "add_value_head": add_value_head,
         "value_type": value_type,
@@ -163,6 +166,7 @@ def tiny_env_spec(
     state_dim: int = 0,
     action_dim: int = 2,
     instructions: Sequence[str] = DEFAULT_INSTRUCTIONS,
+    wrist_image: bool = False,
 ) -> EnvSpec:
     """The :class:`EnvSpec` of an env that a default tiny VLA serves (for tests and docs)."""
     return EnvSpec(
@@ -170,13 +174,14 @@ def tiny_env_spec(
         image_shape=(image_size, image_size, 3),
         action_dim=action_dim,
         instructions=tuple(instructions),
+        wrist_image_shape=(image_size, image_size, 3) if wrist_image else None,
     )
 
 
 def random_observations(
     spec: EnvSpec, num_envs: int, generator: torch.Generator | None = None
 ) -> dict[str, torch.Tensor]:
-    """Random ``main_images``, ``task_ids`` (and ``states``) that fit ``spec``.
+    """Random ``main_images``, ``task_ids`` (and ``states``, ``wrist_images``) that fit ``spec``.
 
     Raises:
         ValueError: ``spec`` has no images or no instructions.
@@ -191,6 +196,10 @@ def random_observations(
     }
     if spec.state_dim is not None:
         obs["states"] = torch.randn(num_envs, spec.state_dim, generator=generator)
+    if spec.wrist_image_shape is not None:
+        obs["wrist_images"] = torch.randint(
+            0, 256, (num_envs, *spec.wrist_image_shape), dtype=torch.uint8, generator=generator
+        )
     return obs
 
 
@@ -252,6 +261,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-value-head", action="store_true", help="build no value head")
     parser.add_argument(
+        "--wrist-image",
+        action="store_true",
+        help="the model also sees obs['wrist_images'] (lang_reach: env_kwargs.wrist_camera)",
+    )
+    parser.add_argument(
         "--unnorm-key",
         default="tiny",
         help="name of the dataset_statistics.json entry (default tiny)",
@@ -302,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_value_head=not args.no_value_head,
         value_type=args.value_type,
         unnorm_key=args.unnorm_key,
+        wrist_image=args.wrist_image,
     )
     print(f"wrote a tiny {args.kind} VLA to {out}")
     if args.sft_steps:
@@ -315,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "num_envs": 64,
                 "obs_mode": "rgb",
                 "image_size": args.image_size,
+                "env_kwargs": {"wrist_camera": True} if args.wrist_image else {},
             }
         )
         try:
