@@ -256,17 +256,22 @@ def maniskill_config(log_path: Path, stages: int) -> EmbodiedConfig:
     return _with(data, log_path, stages)
 
 
-VLA_ENVS = 32
-"""lang_reach envs of the VLA row (16 per stage with two stages)."""
+VLA_ENVS = 64
+"""lang_reach envs of the VLA row (32 per stage with two stages)."""
 
 
 def token_vla_cost_per_env_s(model_path: Path, envs: int, chunks: int) -> float:
     """Seconds one train-mode policy call costs per env, on one thread, at ``envs`` envs."""
     spec = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb")).spec
-    cfg = PolicyConfig(model_type="token_vla", model_path=model_path, num_action_chunks=chunks)
+    cfg = PolicyConfig(
+        model_type="token_vla",
+        model_path=model_path,
+        num_action_chunks=chunks,
+        value_type="chunk_level",
+    )
     policy = build_policy(cfg, spec)
     env = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb", num_envs=envs))
-    obs = env.reset(seed=0)
+    obs = env.reset(seed=0).obs
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a rollout worker on one CPU slot
     try:
@@ -285,16 +290,18 @@ def vla_config(
     log_path: Path, model_path: Path, sub_step_cost_s: float, stages: int
 ) -> EmbodiedConfig:
     data = compose_config(
-        "lang_reach_grpo_token_vla",
+        "lang_reach_ppo_token_vla",
         CONFIG_DIR,
         [
             "env.train.env_type=calibrated_lang_reach",
             f"env.train.num_envs={VLA_ENVS}",
-            "env.train.max_steps_per_rollout_epoch=16",
+            "env.train.max_steps_per_rollout_epoch=64",  # 16 chunk steps per rollout
+            "env.train.max_episode_steps=64",
+            "env.train.auto_reset=true",
             f"++env.train.env_kwargs={{cost_per_env_s: {sub_step_cost_s}}}",
             f"actor.model.model_path={model_path}",
-            "actor.global_batch_size=128",
-            "actor.micro_batch_size=128",
+            "actor.global_batch_size=512",
+            "actor.micro_batch_size=512",
             "runner.val_check_interval=-1",
         ],
     )
@@ -415,7 +422,7 @@ def test_two_stages_overlap_env_and_vla_rollout(
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     launched, log_path = groups
-    model = make_tiny_vla("token", log_path / "token_vla", state_dim=2, add_value_head=False)
+    model = make_tiny_vla("token", log_path / "token_vla", state_dim=2, value_type="chunk_level")
     chunks = 4
     per_env = token_vla_cost_per_env_s(model, VLA_ENVS // 2, chunks)
     sub_step = per_env / chunks  # the env steps each env C times per policy call

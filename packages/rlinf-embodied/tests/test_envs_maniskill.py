@@ -81,6 +81,20 @@ def test_pickcube_rgb_images_and_states() -> None:
         assert out.obs["task_ids"].tolist() == [0, 0]
 
 
+def test_pickcube_wrist_camera_gives_wrist_images() -> None:
+    kwargs = {"robot_uids": "panda_wristcam", "wrist_camera": "hand_camera"}
+    env = build(env_id="PickCube-v1", obs_mode="rgb", image_size=32, env_kwargs=kwargs)
+    with env:
+        assert env.spec.wrist_image_shape == env.spec.image_shape == (32, 32, 3)
+        obs = env.reset().obs
+        wrist, main = obs["wrist_images"], obs["main_images"]
+        assert wrist.shape == (2, 32, 32, 3) and wrist.dtype == torch.uint8
+        assert wrist.float().std() > 0 and not torch.equal(wrist, main)
+    bad = {"env_id": "PickCube-v1", "obs_mode": "rgb", "env_kwargs": {"wrist_camera": "nope"}}
+    with pytest.raises(RuntimeError, match=r"env_kwargs\.wrist_camera"):
+        make_env(EnvConfig(**{"env_type": "maniskill", "sim_backend": "cpu", **bad}))  # type: ignore[arg-type]
+
+
 def test_instruction_from_config_overrides_the_task_default() -> None:
     env = build(env_id="PushCube-v1", instruction="nudge the block onto the target")
     with env:

@@ -803,14 +803,26 @@ def test_cartpole_grpo_example_reaches_400(hybrid: list[WorkerGroup], tmp_path: 
 
 
 def vla_learning_run(
-    groups: list[WorkerGroup], tmp_path: Path, kind: str, sft_steps: int, epochs: int
+    groups: list[WorkerGroup],
+    tmp_path: Path,
+    kind: str,
+    sft_steps: int,
+    epochs: int,
+    algorithm: str = "grpo",
+    config_suffix: str = "",
 ) -> list[float]:
-    """SFT a tiny VLA on lang_reach (a weak start), then GRPO; the eval success curve."""
+    """SFT a tiny VLA on lang_reach (a weak start), then GRPO or PPO; the eval success curve."""
     from rlinf.embodied.envs import EnvConfig
     from rlinf.embodied.models.vla.tiny import make_tiny_vla
     from rlinf.embodied.sft import run_sft
 
-    start = make_tiny_vla(kind, tmp_path / "init", state_dim=2, add_value_head=False)  # type: ignore[arg-type]
+    start = make_tiny_vla(
+        kind,  # type: ignore[arg-type]
+        tmp_path / "init",
+        state_dim=2,
+        add_value_head=algorithm == "ppo",
+        value_type="chunk_level",
+    )
     env = EnvConfig(env_type="lang_reach", env_id="fixed", num_envs=64, obs_mode="rgb")
     sft = run_sft(
         f"{kind}_vla",
@@ -821,7 +833,7 @@ def vla_learning_run(
         steps=sft_steps,
         eval_envs=0,
     )
-    config = f"lang_reach_grpo_{kind}_vla"
+    config = f"lang_reach_{algorithm}_{kind}_vla{config_suffix}"
     cfg = make_config(
         tmp_path,
         config,
@@ -845,3 +857,26 @@ def test_token_vla_grpo_learns_lang_reach(hybrid: list[WorkerGroup], tmp_path: P
     base, final = curve[0], sum(curve[-2:]) / 2
     assert base <= 0.35, curve
     assert final >= 0.40 and final >= base + 0.20, curve
+
+
+@needs_transformers
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_flow_vla_learns_lang_reach(
+    hybrid: list[WorkerGroup], tmp_path: Path, algorithm: str
+) -> None:
+    curve = vla_learning_run(
+        hybrid, tmp_path, "flow", sft_steps=100, epochs=100, algorithm=algorithm
+    )
+    base, final = curve[0], sum(curve[-2:]) / 2
+    assert final >= 0.70 and final >= base + 0.15, curve
+
+
+@needs_transformers
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_token_vla_lora_grpo_learns_lang_reach(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+    curve = vla_learning_run(hybrid, tmp_path, "token", 100, 150, config_suffix="_lora")
+    base, final = curve[0], sum(curve[-2:]) / 2
+    assert final >= base + 0.20, curve

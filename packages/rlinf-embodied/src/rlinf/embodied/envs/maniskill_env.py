@@ -9,7 +9,9 @@ single-env ManiSkill envs in this process.
 Observations: ``obs_mode: state`` gives ManiSkill's flat state as ``states``;
 ``obs_mode: rgb`` gives ``main_images`` from the base camera (rendered at
 ``image_size``, default 128x128; ``env_kwargs.camera`` picks another camera)
-plus ``states`` flattened from the ``agent`` and ``extra`` entries.
+plus ``states`` flattened from the ``agent`` and ``extra`` entries;
+``env_kwargs.wrist_camera`` names a second camera for ``wrist_images`` (e.g.
+``hand_camera`` with ``robot_uids: panda_wristcam``).
 
 Success is ``info["success"]``; terminations are ManiSkill's (success or
 failure). The episode limit is applied by
@@ -163,6 +165,13 @@ class ManiSkillVectorEnv(VectorEnv):
         if "sensor_configs" in user and "sensor_configs" in kwargs:
             kwargs["sensor_configs"] = {**kwargs["sensor_configs"], **user.pop("sensor_configs")}
         self._camera = str(user.pop("camera", "base_camera"))
+        wrist = user.pop("wrist_camera", None)
+        self._wrist_camera = None if wrist is None else str(wrist)
+        if self._wrist_camera is not None and not self._rgb:
+            raise ValueError(
+                f"env_kwargs.wrist_camera={self._wrist_camera!r} needs obs_mode: rgb (got "
+                f"{cfg.obs_mode!r})"
+            )
         kwargs.update(user)
 
         def build(k: int, video: bool) -> Any:
@@ -198,7 +207,7 @@ class ManiSkillVectorEnv(VectorEnv):
         self._last: Obs = {
             k: v[:1].repeat(self.num_envs, *([1] * (v.dim() - 1))) for k, v in first.items()
         }
-        images = first.get("main_images")
+        images, wrist = first.get("main_images"), first.get("wrist_images")
         return EnvSpec(
             state_dim=int(first["states"].shape[1]) if "states" in first else None,
             image_shape=tuple(images.shape[1:]) if images is not None else None,  # type: ignore[arg-type]
@@ -206,6 +215,7 @@ class ManiSkillVectorEnv(VectorEnv):
             action_low=tuple(float(x) for x in np.asarray(act_space.low).reshape(-1)),
             action_high=tuple(float(x) for x in np.asarray(act_space.high).reshape(-1)),
             max_episode_steps=int(max_steps),
+            wrist_image_shape=tuple(wrist.shape[1:]) if wrist is not None else None,  # type: ignore[arg-type]
         )
 
     def _use_gpu(self) -> bool:
@@ -233,14 +243,21 @@ class ManiSkillVectorEnv(VectorEnv):
             obs["states"] = torch.cat(parts, dim=1)
         if self._rgb:
             sensors = raw.get("sensor_data", {})
-            if self._camera not in sensors or "rgb" not in sensors[self._camera]:
-                raise RuntimeError(
-                    f"ManiSkill task {self.cfg.env_id!r} has no rgb image from camera "
-                    f"{self._camera!r} (cameras: {sorted(sensors)}); set env_kwargs.camera"
+            obs["main_images"] = self._camera_images(sensors, self._camera, "camera")
+            if self._wrist_camera is not None:
+                obs["wrist_images"] = self._camera_images(
+                    sensors, self._wrist_camera, "wrist_camera"
                 )
-            images = torch.as_tensor(sensors[self._camera]["rgb"]).cpu().to(torch.uint8)
-            obs["main_images"] = resize_images(images[..., :3], self._image_size)
         return obs
+
+    def _camera_images(self, sensors: dict[str, Any], camera: str, key: str) -> torch.Tensor:
+        if camera not in sensors or "rgb" not in sensors[camera]:
+            raise RuntimeError(
+                f"ManiSkill task {self.cfg.env_id!r} has no rgb image from camera {camera!r} "
+                f"(cameras: {sorted(sensors)}); set env_kwargs.{key}"
+            )
+        images = torch.as_tensor(sensors[camera]["rgb"]).cpu().to(torch.uint8)
+        return resize_images(images[..., :3], self._image_size)
 
     def _reset_envs(self, env_ids: NDArray[Any], seeds: NDArray[Any]) -> Obs:
         for b, batch in enumerate(self._batches):
