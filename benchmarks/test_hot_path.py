@@ -1,0 +1,249 @@
+"""The embodied hot path: one ManiSkill PickCube env and the MLP policy vs the bare simulator.
+
+Issue 15 asks the rollout to run at the simulator's speed when envs are few
+and cheap. This module measures how far it is, and where the time goes, in
+one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
+
+- ``rollout vs bare simulator`` (target 0.8x, floor 0.2x): env steps/s of
+  ``generate_rollouts`` (one ``PickCube-v1`` state env on the CPU sim, the
+  MLP policy of ``maniskill_pickcube_ppo_mlp``, C = 1, env on CPU slot 0 and
+  rollout on slot 1, 50 env steps per rollout) against the bare ManiSkill
+  env stepped with random actions in this process (50 steps per round). The
+  two alternate block by block (``interleave``).
+- the profile (info rows, no targets), the parts of one chunk step measured
+  in this process on one thread, each against the bare simulator step
+  (median microseconds): our env wrapper's ``chunk_step`` (simulator
+  included), ``predict_action_batch``, pickling and unpickling the
+  ``EnvOutput`` and the ``PolicyOutput`` (what each channel hop does besides
+  waking the other side), ``merge_env_outputs`` + ``split_policy_output``,
+  and the trajectory builder. What a rollout step costs beyond the sum of the
+  parts is the channel hops' wake-ups and the worker loops.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from rlinf.core.channel.serialization import dumps, loads
+from rlinf.core.config import compose_config, validate_config
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.envs import EnvConfig, make_env
+from rlinf.embodied.models import build_policy
+from rlinf.embodied.runner import EmbodiedRunner
+from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.embodied.workers.common import merge_env_outputs, split_policy_output
+from rlinf.embodied.workers.trajectory import TrajectoryBuilder
+from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
+
+if importlib.util.find_spec("mani_skill") is None:
+    pytest.skip("ManiSkill is not installed: no hot-path rows", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
+STEPS = 50
+"""Env steps per round, for the rollout and for the bare simulator alike."""
+PLACEMENT = {"actor": 0, "env": 0, "rollout": 1}
+CONTROL = {"control_mode": "pd_joint_delta_pos"}
+
+
+def rollout_config(log_path: Path) -> EmbodiedConfig:
+    data = compose_config(
+        "maniskill_pickcube_ppo_mlp",
+        CONFIG_DIR,
+        [
+            "env.train.num_envs=1",
+            "env.train.sim_backend=cpu",
+            f"env.train.max_steps_per_rollout_epoch={STEPS}",
+            f"actor.global_batch_size={STEPS}",
+            f"actor.micro_batch_size={STEPS}",
+            "runner.val_check_interval=-1",
+            "runner.save_interval=-1",
+        ],
+    )
+    data["cluster"]["component_placement"] = PLACEMENT
+    data["runner"]["logger"]["log_path"] = str(log_path)
+    data["env"]["eval"] = None
+    return validate_config(data, EmbodiedConfig)
+
+
+def bare_env() -> Any:
+    """The ManiSkill env itself (no wrapper), as the simulator's own speed."""
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+
+    try:
+        env = gym.make(
+            "PickCube-v1",
+            obs_mode="state",
+            sim_backend="physx_cpu",
+            render_backend="none",
+            num_envs=1,
+            **CONTROL,
+        )
+    except RuntimeError as exc:  # SAPIEN could not start on this machine
+        pytest.skip(f"ManiSkill could not create PickCube-v1: {exc}")
+    env.reset(seed=0)
+    return env
+
+
+def bare_steps(env: Any, steps: int, rng: np.random.Generator) -> Callable[[], None]:
+    """One round: ``steps`` random-action steps of the bare env (resetting ended episodes)."""
+    low, high = env.action_space.low, env.action_space.high
+
+    def run() -> None:
+        for _ in range(steps):
+            _, _, terminated, truncated, _ = env.step(rng.uniform(low, high).astype(np.float32))
+            if bool(np.asarray(terminated | truncated).any()):
+                env.reset()
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[WorkerGroup], Path]]:
+    assert not ray.is_initialized()
+    log_path = tmp_path_factory.mktemp("hot_path")
+    cfg = rollout_config(log_path)
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
+        placement = HybridComponentPlacement(PLACEMENT, cluster.info)
+        unlaunched = {
+            name: (cls.create_group(cfg), placement.get_strategy(name))
+            for cls, name in (
+                (EmbodiedFSDPActor, "actor"),
+                (MultiStepRolloutWorker, "rollout"),
+                (EnvWorker, "env"),
+            )
+        }
+        launched = launch_groups(cluster, unlaunched, timeout=300)
+        try:
+            yield list(launched.values()), log_path
+        finally:
+            for group in launched.values():
+                group.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def test_rollout_vs_bare_simulator(
+    groups: tuple[list[WorkerGroup], Path],
+    interleave: Callable[..., dict[str, Any]],
+    record_ratio: Callable[..., object],
+) -> None:
+    (actor, rollout, env), log_path = groups
+    torch.set_num_threads(1)
+    sim = bare_env()
+    steps: list[int] = []
+    with EmbodiedRunner(rollout_config(log_path), actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.update_rollout_weights()
+        runner.generate_rollouts()  # warm-up: first reset and inference
+
+        def one_rollout() -> None:
+            steps.append(int(runner.generate_rollouts()["rollout/env_steps"]))
+
+        stats = interleave(
+            {
+                "rollout": one_rollout,
+                "bare simulator": bare_steps(sim, STEPS, np.random.default_rng(0)),
+            },
+            blocks=3,
+            rounds=6,
+            warmup_rounds=2,
+        )
+    sim.close()
+    done = np.diff(steps)  # rollout/env_steps counts the run's env steps so far
+    assert done.size and bool((done == STEPS).all()), steps  # 1 env, auto-reset: all steps live
+    record_ratio(
+        "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
+        STEPS / stats["rollout"].median,
+        STEPS / stats["bare simulator"].median,
+        unit="env steps/s",
+        baseline_name="bare sim",
+        target=0.8,
+        floor=0.2,
+    )
+
+
+def _median_us(fn: Callable[[], object], rounds: int = 300, warmup: int = 30) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def test_profile_of_one_chunk_step(record_ratio: Callable[..., object]) -> None:
+    """Where a chunk step's microseconds go, part by part, against the simulator step."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sim = bare_env()
+    sim_us = _median_us(bare_steps(sim, 1, np.random.default_rng(0)), rounds=400)
+    sim.close()
+    cfg = EnvConfig(
+        env_type="maniskill",
+        env_id="PickCube-v1",
+        obs_mode="state",
+        num_envs=1,
+        sim_backend="cpu",
+        auto_reset=True,
+        max_episode_steps=STEPS,
+        env_kwargs=CONTROL,
+    )
+    env = make_env(cfg)
+    state: dict[str, Any] = {"out": env.reset()}
+    actions = torch.rand(1, 1, env.spec.action_dim) * 2 - 1
+
+    def env_step() -> None:
+        state["out"], _ = env.chunk_step(actions)
+
+    parts: dict[str, float] = {"env wrapper chunk_step (sim included)": _median_us(env_step, 400)}
+    model = rollout_config(Path("results")).actor.model
+    policy = build_policy(model, env.spec)
+    generator = torch.Generator().manual_seed(0)
+    out = state["out"]
+
+    def predict() -> Any:
+        with torch.no_grad():
+            return policy.predict_action_batch(out.obs, mode="train", generator=generator)
+
+    policy_out = predict().to_cpu()
+    builder = TrajectoryBuilder(1, 1, 0.8, "always")
+    alive = env.last_alive_mask
+
+    def build() -> None:
+        builder.add_policy_output(policy_out)
+        builder.add_chunk(out, alive)
+
+    parts["policy predict_action_batch"] = _median_us(predict)
+    parts["EnvOutput pickle + unpickle"] = _median_us(lambda: loads(*dumps(out.to_cpu())))
+    parts["PolicyOutput pickle + unpickle"] = _median_us(lambda: loads(*dumps(policy_out)))
+    parts["merge_env_outputs + split_policy_output"] = _median_us(
+        lambda: split_policy_output(policy_out, [merge_env_outputs([out])[0]["states"].shape[0]])
+    )
+    parts["trajectory builder (one step)"] = _median_us(build, rounds=STEPS, warmup=0)
+    env.close()
+    for name, micros in parts.items():
+        record_ratio(
+            f"hot path profile: {name}",
+            micros,
+            sim_us,
+            unit="us",
+            baseline_name="sim step",
+            target=None,
+            floor=None,
+            higher_is_better=False,
+        )
