@@ -155,6 +155,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         self._final_term = np.zeros(n, dtype=bool)
         self._final_trunc = np.zeros(n, dtype=bool)
         self._vec_obs: Obs | None = None
+        self._action_bounds: tuple[torch.Tensor, torch.Tensor] | None = None
         self._closed = False
         self.last_alive_mask = torch.zeros((n, 0), dtype=torch.bool)
 
@@ -324,11 +325,14 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             trunc = np.zeros(n, dtype=bool)
             if stepping.any():
                 res = self._step_envs(acts[:, c], stepping)
-                idx = np.flatnonzero(stepping)
+                # Every env stepping (the common case): whole-array slices, no gathers.
+                idx: NDArray[Any] | slice = (
+                    slice(None) if stepping.all() else np.flatnonzero(stepping)
+                )
                 r = np.asarray(res.rewards, dtype=np.float64)[idx] * self.reward_scale
                 rewards[idx, c] = r
                 self._return[idx] += r
-                rows = torch.from_numpy(idx)
+                rows = idx if isinstance(idx, slice) else torch.from_numpy(idx)
                 for key, value in obs.items():
                     if key == "task_ids" and self._task_ids is not None:
                         continue  # constant: not reported by the backend
@@ -469,9 +473,12 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 )
             return idx
         if self.spec.action_low is not None and self.spec.action_high is not None:
-            low = torch.tensor(self.spec.action_low, dtype=torch.float32)
-            high = torch.tensor(self.spec.action_high, dtype=torch.float32)
-            a = torch.clamp(a, low, high)
+            if self._action_bounds is None:  # built once: this runs every chunk step
+                self._action_bounds = (
+                    torch.tensor(self.spec.action_low, dtype=torch.float32),
+                    torch.tensor(self.spec.action_high, dtype=torch.float32),
+                )
+            a = torch.clamp(a, *self._action_bounds)
         return a
 
     def _checked_obs(self, obs: Obs) -> Obs:
@@ -509,6 +516,10 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             self._video.add_frame(frame)
 
     def _metrics(self, rows: list[tuple[int, float, int, bool, bool]]) -> dict[str, torch.Tensor]:
+        if not rows:  # most chunk steps end no episode
+            keys = ["return", "episode_len", "reward"]
+            keys += ["success_once", "success_at_end"] if self.defines_success else []
+            return {key: torch.zeros(0) for key in keys}
         returns = torch.tensor([r[1] for r in rows], dtype=torch.float32)
         lengths = torch.tensor([r[2] for r in rows], dtype=torch.float32)
         out = {

@@ -165,18 +165,20 @@ class EnvWorker(Worker):
                         self._ship(s, traj, actor_channel, timeout)  # streams to the actor now
                         active.remove(s)
                         continue
-                    builders[s].add_policy_output(policy_out)
                     out, metrics = env.chunk_step(policy_out.actions)
+                    # Without auto-reset, a stage whose episodes all ended stops early
+                    # (the rest of its trajectory is padding outside the loss mask).
+                    closing[s] = not env.auto_reset and bool(out.dones[:, -1].all())
+                    # Hand the obs over first: the bookkeeping below overlaps the policy
+                    # call (it only reads ``out``, and the next chunk step copies it).
+                    obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
                     alive = env.last_alive_mask
                     env_steps += int(alive.sum())
+                    builders[s].add_policy_output(policy_out)
                     builders[s].add_chunk(out, alive)
                     for name, values in metrics.items():
                         episodes[name].extend(values.tolist())
                     self._last[s] = out
-                    # Without auto-reset, a stage whose episodes all ended stops early
-                    # (the rest of its trajectory is padding outside the loss mask).
-                    closing[s] = not env.auto_reset and bool(out.dones[:, -1].all())
-                    obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
             for s, env in enumerate(self.train_envs):
                 if not env.auto_reset:
                     env.update_reset_seeds()
