@@ -112,6 +112,7 @@ class EmbodiedRunner(ClosesOnExit):
         self._synced_version = -1
         self._evaluated = False
         self._initialized = False
+        self._train_rollouts = 0
 
     # ------------------------------------------------------------------ paths
 
@@ -282,6 +283,20 @@ class EmbodiedRunner(ClosesOnExit):
         )
         elapsed = time.perf_counter() - start
         env_results = results[0]
+        self._train_rollouts += 1
+        env_times = [r.get("env_time") for r in env_results]
+        policy_times = [r.get("infer_time") for r in results[1]]
+        # Once, after the first rollout (which includes the first resets and inferences);
+        # custom workers that do not report the two times are left alone.
+        if self._train_rollouts == 2 and None not in env_times + policy_times:
+            advice = pipeline_advice(
+                self.cfg.rollout.pipeline_stage_num,
+                env_seconds=max(float(t) for t in env_times),
+                policy_seconds=max(float(t) for t in policy_times),
+                rollout_seconds=elapsed,
+            )
+            if advice:
+                _log.warning(advice)
         env_steps = sum(int(r["env_steps"]) for r in env_results)
         self.total_env_steps += env_steps
         metrics = _episode_metrics("env", [r["episodes"] for r in env_results])
@@ -473,3 +488,39 @@ def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) ->
     out = {f"{prefix}/{k}": float(np.mean(v)) for k, v in merged.items() if v}
     out[f"{prefix}/num_trajectories"] = float(count)
     return out
+
+
+PIPELINE_MIN_GAIN = 0.15
+"""Below this bound on the share of a rollout that overlapping could save, stages lose."""
+
+
+def pipeline_advice(
+    stages: int, *, env_seconds: float, policy_seconds: float, rollout_seconds: float
+) -> str | None:
+    """A warning when ``pipeline_stage_num > 1`` cannot pay for itself, else None.
+
+    Stages overlap env stepping with policy calls, so they save at most the
+    smaller of the two; they also split every batch into ``stages`` smaller ones
+    (more calls, more channel hand-offs). When that bound is under
+    :data:`PIPELINE_MIN_GAIN` of the rollout, one stage is the faster setting.
+
+    Args:
+        stages: ``rollout.pipeline_stage_num``.
+        env_seconds: Time the busiest env rank spent stepping its envs.
+        policy_seconds: Time the busiest rollout rank spent inside the policy.
+        rollout_seconds: The rollout's wall time.
+
+    Returns:
+        The message, or None if stages can help (or there is one stage).
+    """
+    if stages <= 1 or rollout_seconds <= 0:
+        return None
+    bound = min(env_seconds, policy_seconds) / rollout_seconds
+    if bound >= PIPELINE_MIN_GAIN:
+        return None
+    return (
+        f"rollout.pipeline_stage_num={stages} can save at most {bound:.0%} of a rollout here "
+        f"(envs {env_seconds:.2f} s, policy {policy_seconds:.2f} s of {rollout_seconds:.2f} s), "
+        f"less than smaller batches cost; set rollout.pipeline_stage_num: 1 (see "
+        "docs/embodied.md, 'When pipeline stages help')"
+    )

@@ -73,7 +73,11 @@ class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
     def interact(
         self, obs_channel: Channel, action_channel: Channel, actor_channel: Channel
     ) -> dict[str, Any]:
-        """Runs one rollout epoch: observations out, actions in, trajectories to the actor."""
+        """Runs one rollout epoch: observations out, actions in, trajectories to the actor.
+
+        Returns ``env_steps`` and ``episodes`` (per-metric lists), and optionally
+        ``env_time`` (seconds stepping envs, for the runner's pipeline advice).
+        """
 
     def evaluate(self, obs_channel: Channel, action_channel: Channel) -> dict[str, list[float]]:
         """Runs the eval episodes; returns per-episode metric lists."""

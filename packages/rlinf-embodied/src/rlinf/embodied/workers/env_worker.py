@@ -21,6 +21,7 @@ episodes are over (without auto-reset).
 from __future__ import annotations
 
 import pickle
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,8 @@ class EnvWorker(Worker):
             actor_channel: Env -> actor trajectory pieces (key: actor rank).
 
         Returns:
-            ``{"env_steps": sub-steps that advanced a live episode, "episodes": {metric:
-            [values of the episodes that finished]}}``.
+            ``{"env_steps": sub-steps that advanced a live episode, "env_time": seconds in
+            ``chunk_step``, "episodes": {metric: [values of the episodes that finished]}}``.
         """
         cfg = self.cfg
         timeout = cfg.runner.channel_timeout_s
@@ -137,7 +138,7 @@ class EnvWorker(Worker):
         episodes: dict[str, list[float]] = defaultdict(list)
         builders: list[TrajectoryBuilder] = []
         closing = [False] * stages
-        env_steps = 0
+        env_steps, env_time = 0, 0.0
         with self.worker_timer("interact"):
             for s, env in enumerate(self.train_envs):
                 out = self._last[s]
@@ -165,7 +166,9 @@ class EnvWorker(Worker):
                         self._ship(s, traj, actor_channel, timeout)  # streams to the actor now
                         active.remove(s)
                         continue
+                    started = time.perf_counter()
                     out, metrics = env.chunk_step(policy_out.actions)
+                    env_time += time.perf_counter() - started
                     # Without auto-reset, a stage whose episodes all ended stops early
                     # (the rest of its trajectory is padding outside the loss mask).
                     closing[s] = not env.auto_reset and bool(out.dones[:, -1].all())
@@ -183,7 +186,7 @@ class EnvWorker(Worker):
                 if not env.auto_reset:
                     env.update_reset_seeds()
                     self._seed_epochs[s] += 1
-        return {"env_steps": env_steps, "episodes": dict(episodes)}
+        return {"env_steps": env_steps, "env_time": env_time, "episodes": dict(episodes)}
 
     def _ship(self, stage: int, traj: Trajectory, channel: Channel, timeout: float) -> None:
         """Puts one stage's trajectory, cut into pieces, under the keys of their actor ranks."""
