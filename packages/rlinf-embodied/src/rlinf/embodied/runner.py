@@ -286,13 +286,16 @@ class EmbodiedRunner(ClosesOnExit):
         self._train_rollouts += 1
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in results[1]]
-        # Once, after the first rollout (which includes the first resets and inferences);
-        # custom workers that do not report the two times are left alone.
-        if self._train_rollouts == 2 and None not in env_times + policy_times:
+        busy: dict[str, float] = {}
+        if None not in env_times + policy_times:  # custom workers may not report them
+            busy["time/env_chunk_steps"] = max(float(t) for t in env_times)
+            busy["time/policy_calls"] = max(float(t) for t in policy_times)
+        # Once, after the first rollout (which includes the first resets and inferences).
+        if self._train_rollouts == 2 and busy:
             advice = pipeline_advice(
                 self.cfg.rollout.pipeline_stage_num,
-                env_seconds=max(float(t) for t in env_times),
-                policy_seconds=max(float(t) for t in policy_times),
+                env_seconds=busy["time/env_chunk_steps"],
+                policy_seconds=busy["time/policy_calls"],
                 rollout_seconds=elapsed,
             )
             if advice:
@@ -303,7 +306,7 @@ class EmbodiedRunner(ClosesOnExit):
         metrics["rollout/env_steps"] = float(self.total_env_steps)
         metrics["rollout/env_steps_per_s"] = env_steps / elapsed if elapsed > 0 else 0.0
         metrics["time/generate_rollouts"] = elapsed
-        return metrics
+        return {**metrics, **busy}
 
     def compute_advantages_and_returns(self) -> dict[str, float]:
         """Advantages on every actor rank; returns the ``rollout/*`` metrics (rank 0's)."""
@@ -490,19 +493,22 @@ def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) ->
     return out
 
 
-PIPELINE_MIN_GAIN = 0.15
-"""Below this bound on the share of a rollout that overlapping could save, stages lose."""
+PIPELINE_MARGIN = 0.05
+"""How much faster one stage must look (as a share of the rollout) before the runner says so."""
 
 
 def pipeline_advice(
     stages: int, *, env_seconds: float, policy_seconds: float, rollout_seconds: float
 ) -> str | None:
-    """A warning when ``pipeline_stage_num > 1`` cannot pay for itself, else None.
+    """A warning when ``pipeline_stage_num > 1`` looks slower than one stage, else None.
 
-    Stages overlap env stepping with policy calls, so they save at most the
-    smaller of the two; they also split every batch into ``stages`` smaller ones
-    (more calls, more channel hand-offs). When that bound is under
-    :data:`PIPELINE_MIN_GAIN` of the rollout, one stage is the faster setting.
+    A rollout with ``S`` stages takes about ``max(env, policy) + overhead``: the
+    env and the policy overlap, and the rest is hand-offs (channel messages,
+    wake-ups, per-call work), ``S`` times as many as with one stage. One stage
+    would take about ``env + policy + overhead / S``. When that estimate is
+    more than :data:`PIPELINE_MARGIN` of the rollout below the measured time,
+    stages cost more than they overlap (cheap envs and policies: CartPole, a few
+    state envs with an MLP).
 
     Args:
         stages: ``rollout.pipeline_stage_num``.
@@ -511,16 +517,18 @@ def pipeline_advice(
         rollout_seconds: The rollout's wall time.
 
     Returns:
-        The message, or None if stages can help (or there is one stage).
+        The message, or None if stages look worth it (or there is one stage).
     """
     if stages <= 1 or rollout_seconds <= 0:
         return None
-    bound = min(env_seconds, policy_seconds) / rollout_seconds
-    if bound >= PIPELINE_MIN_GAIN:
+    overhead = max(0.0, rollout_seconds - max(env_seconds, policy_seconds))
+    one_stage = env_seconds + policy_seconds + overhead / stages
+    if one_stage > rollout_seconds * (1.0 - PIPELINE_MARGIN):
         return None
     return (
-        f"rollout.pipeline_stage_num={stages} can save at most {bound:.0%} of a rollout here "
-        f"(envs {env_seconds:.2f} s, policy {policy_seconds:.2f} s of {rollout_seconds:.2f} s), "
-        f"less than smaller batches cost; set rollout.pipeline_stage_num: 1 (see "
-        "docs/embodied.md, 'When pipeline stages help')"
+        f"rollout.pipeline_stage_num={stages} looks slower than one stage here: this "
+        f"rollout took {rollout_seconds:.3f} s (envs {env_seconds:.3f} s, policy "
+        f"{policy_seconds:.3f} s, the rest hand-offs), one stage would take about "
+        f"{one_stage:.3f} s; set rollout.pipeline_stage_num: 1 (see docs/embodied.md, "
+        "'When pipeline stages help')"
     )
