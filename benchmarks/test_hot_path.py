@@ -23,7 +23,6 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 from __future__ import annotations
 
 import importlib.util
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -110,6 +109,15 @@ def bare_steps(env: Any, steps: int, rng: np.random.Generator) -> Callable[[], N
     return run
 
 
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One torch thread in this process, as in a worker on one CPU slot (then restored)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[WorkerGroup], Path]]:
     assert not ray.is_initialized()
@@ -141,7 +149,6 @@ def test_rollout_vs_bare_simulator(
     record_ratio: Callable[..., object],
 ) -> None:
     (actor, rollout, env), log_path = groups
-    torch.set_num_threads(1)
     sim = bare_env()
     steps: list[int] = []
     with EmbodiedRunner(rollout_config(log_path), actor, rollout, env) as runner:
@@ -186,10 +193,8 @@ def _median_us(fn: Callable[[], object], rounds: int = 300, warmup: int = 30) ->
     return statistics.median(times) * 1e6
 
 
-def test_profile_of_one_chunk_step(record_ratio: Callable[..., object]) -> None:
+def test_profile_of_one_chunk_step(record_ratio: Callable[..., object], tmp_path: Path) -> None:
     """Where a chunk step's microseconds go, part by part, against the simulator step."""
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     sim = bare_env()
     sim_us = _median_us(bare_steps(sim, 1, np.random.default_rng(0)), rounds=400)
     sim.close()
@@ -211,7 +216,7 @@ def test_profile_of_one_chunk_step(record_ratio: Callable[..., object]) -> None:
         state["out"], _ = env.chunk_step(actions)
 
     parts: dict[str, float] = {"env wrapper chunk_step (sim included)": _median_us(env_step, 400)}
-    model = rollout_config(Path("results")).actor.model
+    model = rollout_config(tmp_path).actor.model
     policy = build_policy(model, env.spec)
     generator = torch.Generator().manual_seed(0)
     out = state["out"]

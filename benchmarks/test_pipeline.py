@@ -262,15 +262,14 @@ VLA_ENVS = 64
 
 def token_vla_cost_per_env_s(model_path: Path, envs: int, chunks: int) -> float:
     """Seconds one train-mode policy call costs per env, on one thread, at ``envs`` envs."""
-    spec = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb")).spec
+    env = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb", num_envs=envs))
     cfg = PolicyConfig(
         model_type="token_vla",
         model_path=model_path,
         num_action_chunks=chunks,
         value_type="chunk_level",
     )
-    policy = build_policy(cfg, spec)
-    env = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb", num_envs=envs))
+    policy = build_policy(cfg, env.spec)
     obs = env.reset(seed=0).obs
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a rollout worker on one CPU slot
