@@ -269,8 +269,8 @@ class _VLAPolicy(BasePolicy):
             raise ValueError(
                 f"the model at {path!r} takes a wrist image (config wrist_image: true) but "
                 "EnvSpec.wrist_image_shape is None; use an env with a wrist camera (lang_reach: "
-                "env_kwargs.wrist_camera: true; robosuite: a second camera_names entry) or a "
-                "model without wrist_image"
+                "env_kwargs.wrist_camera: true; ManiSkill: env_kwargs.wrist_camera: <sensor>; "
+                "robosuite: a second camera_names entry) or a model without wrist_image"
             )
         wrist = spec.wrist_image_shape
         resizes = self.image_processor.do_resize
