@@ -13,11 +13,13 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - the profile (info rows, no targets), the parts of one chunk step measured
   in this process on one thread, each against the bare simulator step
   (median microseconds): our env wrapper's ``chunk_step`` (simulator
-  included), ``predict_action_batch``, pickling and unpickling the
-  ``EnvOutput`` and the ``PolicyOutput`` (what each channel hop does besides
-  waking the other side), ``merge_env_outputs`` + ``split_policy_output``,
-  and the trajectory builder. What a rollout step costs beyond the sum of the
-  parts is the channel hops' wake-ups and the worker loops.
+  included); the policy's ``predict_actions_first`` (the actions, on the
+  env's critical path) and ``complete()`` (the value head, which the rollout
+  runs while the env steps); pickling and unpickling each message of a hop
+  (the observation message, the action chunk, the complete ``PolicyOutput``:
+  what a channel hop does besides waking the other side); and the trajectory
+  builder. What a rollout step costs beyond the sum of the critical parts is
+  the channel hops' wake-ups and the worker loops.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from rlinf.embodied.envs import EnvConfig, make_env
 from rlinf.embodied.models import build_policy
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
-from rlinf.embodied.workers.common import merge_env_outputs, split_policy_output
+from rlinf.embodied.workers.common import merge_observations, obs_message
 from rlinf.embodied.workers.trajectory import TrajectoryBuilder
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
 
@@ -221,11 +223,14 @@ def test_profile_of_one_chunk_step(record_ratio: Callable[..., object], tmp_path
     generator = torch.Generator().manual_seed(0)
     out = state["out"]
 
-    def predict() -> Any:
-        with torch.no_grad():
-            return policy.predict_action_batch(out.obs, mode="train", generator=generator)
+    message = obs_message(out)
 
-    policy_out = predict().to_cpu()
+    def predict() -> Any:
+        return policy.predict_actions_first(
+            merge_observations([message])[0], mode="train", generator=generator
+        )
+
+    policy_out = predict()[1]()
     builder = TrajectoryBuilder(1, 1, 0.8, "always")
     alive = env.last_alive_mask
 
@@ -233,13 +238,18 @@ def test_profile_of_one_chunk_step(record_ratio: Callable[..., object], tmp_path
         builder.add_policy_output(policy_out)
         builder.add_chunk(out, alive)
 
-    parts["policy predict_action_batch"] = _median_us(predict)
-    parts["EnvOutput pickle + unpickle"] = _median_us(lambda: loads(*dumps(out.to_cpu())))
-    parts["PolicyOutput pickle + unpickle"] = _median_us(lambda: loads(*dumps(policy_out)))
-    parts["merge_env_outputs + split_policy_output"] = _median_us(
-        lambda: split_policy_output(policy_out, [merge_env_outputs([out])[0]["states"].shape[0]])
+    parts["policy predict_actions_first (critical)"] = _median_us(predict)
+    parts["policy complete(): value head (overlaps the env)"] = (
+        _median_us(lambda: predict()[1]()) - parts["policy predict_actions_first (critical)"]
     )
-    parts["trajectory builder (one step)"] = _median_us(build, rounds=STEPS, warmup=0)
+    parts["obs message pickle + unpickle"] = _median_us(lambda: loads(*dumps(obs_message(out))))
+    parts["action chunk pickle + unpickle"] = _median_us(lambda: loads(*dumps(policy_out.actions)))
+    parts["PolicyOutput pickle + unpickle (overlaps the env)"] = _median_us(
+        lambda: loads(*dumps(policy_out))
+    )
+    parts["trajectory builder, one step (overlaps the policy)"] = _median_us(
+        build, rounds=STEPS, warmup=0
+    )
     env.close()
     for name, micros in parts.items():
         record_ratio(

@@ -11,9 +11,14 @@ The VLA row does the same with real compute on the rollout side: the tiny
 token VLA (``make_tiny_vla``) acts on ``lang_reach`` images and instructions,
 and the env (``lang_reach`` plus a sleep, ``calibrated_lang_reach``) is
 calibrated in this process to cost what one policy call costs per env, so the
-env and the policy weigh the same. Target 1.5x, floor 1.2x. Informational rows
-(``-m slow``, no target): the same ratio for CartPole and ManiSkill PickCube
-(state, CPU sim) with the MLP policy.
+env and the policy weigh the same. Target 1.5x, floor 1.2x. These two rows
+measure pipelining itself (``rollout.adaptive_stages: false``).
+
+The CartPole row (32 envs, MLP) runs two stages with ``adaptive_stages`` on,
+as the default configs do: the runner times a pipelined and a merged rollout
+and keeps the faster, so two stages should never lose to one (target 1.0x,
+floor 0.6x; pipelined, they ran 0.68-0.92x). An informational row (``-m
+slow``) does the same for ManiSkill PickCube (state, CPU sim, 8 envs).
 
 Both settings use the same launched worker groups (``init_workers`` rebuilds
 the envs for each stage count). pytest-benchmark times ``generate_rollouts``
@@ -204,10 +209,13 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
         ray.shutdown()
 
 
-def _with(data: dict[str, Any], log_path: Path, stages: int) -> EmbodiedConfig:
+def _with(
+    data: dict[str, Any], log_path: Path, stages: int, adaptive: bool = False
+) -> EmbodiedConfig:
     data["cluster"]["component_placement"] = PLACEMENT
     data["cluster"]["cpu_slots_per_node"] = 2
     data["rollout"]["pipeline_stage_num"] = stages
+    data["rollout"]["adaptive_stages"] = adaptive
     data["runner"]["logger"]["log_path"] = str(log_path)
     data["runner"]["plugin_modules"] = [str(Path(__file__).resolve())]
     data["env"]["eval"] = None
@@ -235,7 +243,7 @@ def cartpole_config(log_path: Path, stages: int) -> EmbodiedConfig:
     data = compose_config(
         "cartpole_ppo_mlp", CONFIG_DIR, ["env.train.num_envs=32", "actor.global_batch_size=512"]
     )
-    return _with(data, log_path, stages)
+    return _with(data, log_path, stages, adaptive=True)
 
 
 def maniskill_config(log_path: Path, stages: int) -> EmbodiedConfig:
@@ -253,7 +261,7 @@ def maniskill_config(log_path: Path, stages: int) -> EmbodiedConfig:
             "runner.save_interval=-1",
         ],
     )
-    return _with(data, log_path, stages)
+    return _with(data, log_path, stages, adaptive=True)
 
 
 VLA_ENVS = 64
@@ -327,6 +335,9 @@ def steps_per_second(
             runner.update_rollout_weights()
             metrics = runner.generate_rollouts()  # warm-up: first reset, first inference
             steps[name] = int(metrics["rollout/env_steps"])  # env steps of one rollout
+            if runner.cfg.rollout.adaptive_stages and STAGES[name] > 1:
+                runner.generate_rollouts()  # the pipelined and the merged trials: the
+                runner.generate_rollouts()  # timed rollouts run what the runner chose
             current[name] = runner
             yield
             del current[name]
@@ -380,18 +391,33 @@ def test_two_stages_overlap_env_and_policy(
     )
 
 
+def test_two_cartpole_stages_never_lose(
+    groups: tuple[list[WorkerGroup], Path],
+    interleave: Callable[..., dict[str, Any]],
+    record_ratio: Callable[..., object],
+) -> None:
+    """Cheap env and policy: with ``adaptive_stages`` two stages run merged, as fast as one."""
+    launched, log_path = groups
+    rates = steps_per_second(
+        launched, lambda s: cartpole_config(log_path, s), interleave, rounds=3, blocks=2
+    )
+    record_stage_ratio(
+        record_ratio,
+        "pipeline 2 stages (adaptive) vs 1, CartPole-v1 + MLP (32 envs)",
+        rates,
+        target=1.0,  # issue 15: at least as fast as one stage
+        floor=0.6,  # pipelined they ran 0.68-0.92x
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_report_cartpole_and_maniskill_ratios(
+def test_report_maniskill_ratio(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
     record_ratio: Callable[..., object],
 ) -> None:
     launched, log_path = groups
-    rates = steps_per_second(
-        launched, lambda s: cartpole_config(log_path, s), interleave, rounds=3, blocks=1
-    )
-    record_stage_ratio(record_ratio, "pipeline 2 stages vs 1, CartPole-v1 + MLP (32 envs)", rates)
     if importlib.util.find_spec("mani_skill") is None:
         pytest.skip("ManiSkill is not installed: no PickCube row")
     rates = steps_per_second(
@@ -404,7 +430,7 @@ def test_report_cartpole_and_maniskill_ratios(
     )
     record_stage_ratio(
         record_ratio,
-        "pipeline 2 stages vs 1, ManiSkill PickCube-v1 state + MLP (8 CPU envs)",
+        "pipeline 2 stages (adaptive) vs 1, ManiSkill PickCube-v1 state + MLP (8 CPU envs)",
         rates,
     )
 

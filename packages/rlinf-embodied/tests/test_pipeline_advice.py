@@ -1,8 +1,8 @@
-"""The runner's one-time advice on ``pipeline_stage_num`` (a pure function of measured times)."""
+"""The runner's choice and advice on ``pipeline_stage_num`` (pure functions of measured rates)."""
 
 from __future__ import annotations
 
-from rlinf.embodied.runner import PIPELINE_MARGIN, pipeline_advice
+from rlinf.embodied.pipelining import PIPELINE_MARGIN, StageChooser, pipeline_advice
 
 
 def test_one_stage_gets_no_advice() -> None:
@@ -30,3 +30,46 @@ def test_the_margin_keeps_near_ties_quiet() -> None:
     inside, outside = limit + 0.01, limit - 0.01
     assert pipeline_advice(2, env_seconds=inside, policy_seconds=0.0, rollout_seconds=1.0) is None
     assert pipeline_advice(2, env_seconds=outside, policy_seconds=0.0, rollout_seconds=1.0)
+
+
+# ----------------------------------------------------------------------------- StageChooser
+
+
+def test_one_stage_or_disabled_never_merges() -> None:
+    for chooser in (StageChooser(1, True), StageChooser(2, False)):
+        assert not chooser.active
+        for _ in range(5):
+            assert not chooser.next_merged()
+            assert chooser.record(100.0) is None
+
+
+def test_the_third_rollout_is_the_merged_trial_and_the_faster_mode_stays() -> None:
+    chooser = StageChooser(2, True)
+    modes, said = [], []
+    for rate in (50.0, 100.0, 150.0, 10.0, 10.0):  # warm-up, pipelined, merged, then slow
+        modes.append(chooser.next_merged())
+        said.append(chooser.record(rate))
+    assert modes == [False, False, True, True, True]
+    assert said[:2] == [None, None] and said[3:] == [None, None]
+    message = said[2]
+    assert message is not None
+    assert "pipeline_stage_num=2" in message and "100" in message and "150" in message
+    assert "merged from now on" in message and "rollout.adaptive_stages" in message
+
+
+def test_a_slower_merged_trial_keeps_the_stages_pipelined() -> None:
+    chooser = StageChooser(2, True)
+    for rate in (50.0, 100.0, 90.0):
+        chooser.record(rate)
+    assert chooser.merged is False and not chooser.next_merged()
+
+
+def test_the_state_round_trips_so_a_resumed_run_repeats_the_trials() -> None:
+    straight = StageChooser(2, True)
+    straight.record(50.0)
+    straight.record(100.0)  # saved here, before the merged trial
+    resumed = StageChooser(2, True)
+    resumed.load_state(straight.state())
+    assert resumed.next_merged() is straight.next_merged() is True
+    assert resumed.record(120.0) == straight.record(120.0)
+    assert resumed.merged is straight.merged is True

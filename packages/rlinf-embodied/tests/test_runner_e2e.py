@@ -263,6 +263,48 @@ def test_same_config_trains_hybrid(hybrid: list[WorkerGroup], tmp_path: Path) ->
     check_run(metrics, runner.tensorboard_dir, 1)
 
 
+def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(
+    collocated: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """Rollout 3 runs each env rank's two stages as one stream; the run trains on."""
+    actor, rollout, env = collocated
+    cfg = make_config(
+        tmp_path,
+        "adaptive",
+        [*SMALL, "runner.max_epochs=4", "runner.val_check_interval=4"],
+        placement=COLLOCATED,
+    )
+    assert cfg.rollout.pipeline_stage_num == 2 and cfg.rollout.adaptive_stages
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        metrics = runner.run()
+        chosen = runner.stage_chooser.merged
+    tb_dir = runner.tensorboard_dir
+    assert chosen is not None
+    merged = scalars(tb_dir, "rollout/stages_merged")
+    assert [merged[s] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, float(chosen)]
+    # Every rollout, merged or not, brings all 2 ranks * 8 envs * 32 sub-steps.
+    assert scalars(tb_dir, "rollout/env_steps") == {s: s * 2 * 8 * 32.0 for s in (1, 2, 3, 4)}
+    losses = scalars(tb_dir, "train/actor/policy_loss")
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
+    assert metrics["eval/num_episodes"] == 2 * 4
+
+
+def test_merged_stages_evaluate_like_pipelined_ones(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """Deterministic eval actions: merging the stages changes no episode."""
+    actor, rollout, env = hybrid
+    cfg = make_config(tmp_path, "merged_eval", SMALL, placement=HYBRID)
+    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        pipelined = runner.evaluate()
+        runner.stage_chooser.load_state({"rollouts": 3, "merged": True, "pipelined_rate": 0.0})
+        merged = runner.evaluate()
+    assert pipelined["eval/num_episodes"] == 4
+    assert merged == pipelined
+
+
 def test_at_learning_rate_zero_every_ratio_is_one(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:

@@ -68,6 +68,8 @@ class RunProgress:
         data_cursor: The data sampler's state (reasoning runs; None elsewhere).
         rng: The driver's python/numpy/torch RNG states
             (:func:`rlinf.core.checkpoint.rng_state`).
+        pipeline: The embodied runner's choice between pipelined and merged stages
+            (``rollout.adaptive_stages``), so a resumed run makes the same one.
     """
 
     global_step: int
@@ -75,6 +77,7 @@ class RunProgress:
     total_env_steps: int = 0
     data_cursor: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
+    pipeline: dict[str, Any] | None = None
 
 
 class ConfigChangedError(ValueError):

@@ -10,7 +10,7 @@ Sections (``examples/embodiment/config/*.yaml`` show all of them)::
                 normalize_advantages, group_size, reward_type, bootstrap_type, loss_agg_mode
     env:        train / eval (an EnvConfig each; num_envs counts one env rank's envs over
                 all pipeline stages; max_steps_per_rollout_epoch is the rollout length)
-    rollout:    pipeline_stage_num, enable_offload
+    rollout:    pipeline_stage_num, enable_offload, adaptive_stages
     actor:      model (a PolicyConfig), optim, global_batch_size, micro_batch_size, seed,
                 enable_offload, dist_backend
 
@@ -204,6 +204,13 @@ class RolloutConfig(RLinfModel):
     )
     enable_offload: bool | None = Field(
         None, description="Offload the policy between rollouts; null: when collocated."
+    )
+    adaptive_stages: bool = Field(
+        True,
+        description="With pipeline_stage_num > 1: time the 2nd rollout pipelined and the "
+        "3rd with each env rank's stages merged into one stream (one hand-off per round), "
+        "and keep the faster. Timing-based, so sampling may differ between machines; "
+        "false keeps the stages pipelined.",
     )
 
 

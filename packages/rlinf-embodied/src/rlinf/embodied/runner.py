@@ -55,6 +55,7 @@ from rlinf.core.protocols.workers import (
 from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.pipelining import StageChooser, pipeline_advice
 from rlinf.sched import GroupFuture, WorkerGroup, wait_all
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
@@ -92,6 +93,7 @@ class EmbodiedRunner(ClosesOnExit):
         mode: ``collocated``, ``hybrid`` or ``disaggregated``, from the placements.
         collocated: Whether the actor shares devices with the rollout (then the
             rollout offloads between rollouts and both take device locks).
+        stage_chooser: Pipelined or merged stages (``rollout.adaptive_stages``).
     """
 
     def __init__(
@@ -113,6 +115,9 @@ class EmbodiedRunner(ClosesOnExit):
         self._evaluated = False
         self._initialized = False
         self._train_rollouts = 0
+        self.stage_chooser = StageChooser(
+            cfg.rollout.pipeline_stage_num, cfg.rollout.adaptive_stages
+        )
 
     # ------------------------------------------------------------------ paths
 
@@ -242,6 +247,8 @@ class EmbodiedRunner(ClosesOnExit):
         self.restarts = max(self.restarts, progress.restarts)
         if progress.rng is not None:
             set_rng_state(progress.rng)
+        if progress.pipeline is not None:
+            self.stage_chooser.load_state(progress.pipeline)
         _log.info("resumed from %s at step %d", path, self.global_step)
         return self.global_step
 
@@ -273,17 +280,22 @@ class EmbodiedRunner(ClosesOnExit):
             ``env/*`` episode metrics, ``rollout/env_steps`` and the step's env steps/s.
         """
         ch = self._res.channels
+        merged = self.stage_chooser.next_merged()
         start = time.perf_counter()
         results = self._wait(
             [
-                self.env.interact(ch["rollout"], ch["env"], ch["actor"]),
-                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "train"),
+                self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
+                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "train", merged),
                 self.actor.recv_rollout_batch(ch["actor"]),
             ]
         )
         elapsed = time.perf_counter() - start
         env_results = results[0]
         self._train_rollouts += 1
+        env_steps = sum(int(r["env_steps"]) for r in env_results)
+        choice = self.stage_chooser.record(env_steps / elapsed if elapsed > 0 else 0.0)
+        if choice:
+            (_log.warning if self.stage_chooser.merged else _log.info)(choice)
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in results[1]]
         busy: dict[str, float] = {}
@@ -291,7 +303,7 @@ class EmbodiedRunner(ClosesOnExit):
             busy["time/env_chunk_steps"] = max(float(t) for t in env_times)
             busy["time/policy_calls"] = max(float(t) for t in policy_times)
         # Once, after the first rollout (which includes the first resets and inferences).
-        if self._train_rollouts == 2 and busy:
+        if self._train_rollouts == 2 and busy and not self.stage_chooser.active:
             advice = pipeline_advice(
                 self.cfg.rollout.pipeline_stage_num,
                 env_seconds=busy["time/env_chunk_steps"],
@@ -300,12 +312,13 @@ class EmbodiedRunner(ClosesOnExit):
             )
             if advice:
                 _log.warning(advice)
-        env_steps = sum(int(r["env_steps"]) for r in env_results)
         self.total_env_steps += env_steps
         metrics = _episode_metrics("env", [r["episodes"] for r in env_results])
         metrics["rollout/env_steps"] = float(self.total_env_steps)
         metrics["rollout/env_steps_per_s"] = env_steps / elapsed if elapsed > 0 else 0.0
         metrics["time/generate_rollouts"] = elapsed
+        if self.stage_chooser.active:
+            metrics["rollout/stages_merged"] = float(merged)
         return {**metrics, **busy}
 
     def compute_advantages_and_returns(self) -> dict[str, float]:
@@ -333,10 +346,11 @@ class EmbodiedRunner(ClosesOnExit):
             _log.info("first eval (step %d) ...", self.global_step)
         self.update_rollout_weights()
         ch = self._res.channels
+        merged = bool(self.stage_chooser.merged)  # pipelined until the choice is made
         results = self._wait(
             [
-                self.env.evaluate(ch["rollout"], ch["env"]),
-                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "eval"),
+                self.env.evaluate(ch["rollout"], ch["env"], merged),
+                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "eval", merged),
             ]
         )
         metrics = _episode_metrics("eval", results[0])
@@ -364,6 +378,7 @@ class EmbodiedRunner(ClosesOnExit):
                 restarts=self.restarts,
                 total_env_steps=self.total_env_steps,
                 rng=rng_state(cuda=False),  # the driver leaves the GPUs to the workers
+                pipeline=self.stage_chooser.state(),
             )
             save_run_state(path, progress, self.cfg)
         return path
@@ -491,44 +506,3 @@ def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) ->
     out = {f"{prefix}/{k}": float(np.mean(v)) for k, v in merged.items() if v}
     out[f"{prefix}/num_trajectories"] = float(count)
     return out
-
-
-PIPELINE_MARGIN = 0.05
-"""How much faster one stage must look (as a share of the rollout) before the runner says so."""
-
-
-def pipeline_advice(
-    stages: int, *, env_seconds: float, policy_seconds: float, rollout_seconds: float
-) -> str | None:
-    """A warning when ``pipeline_stage_num > 1`` looks slower than one stage, else None.
-
-    A rollout with ``S`` stages takes about ``max(env, policy) + overhead``: the
-    env and the policy overlap, and the rest is hand-offs (channel messages,
-    wake-ups, per-call work), ``S`` times as many as with one stage. One stage
-    would take about ``env + policy + overhead / S``. When that estimate is
-    more than :data:`PIPELINE_MARGIN` of the rollout below the measured time,
-    stages cost more than they overlap (cheap envs and policies: CartPole, a few
-    state envs with an MLP).
-
-    Args:
-        stages: ``rollout.pipeline_stage_num``.
-        env_seconds: Time the busiest env rank spent stepping its envs.
-        policy_seconds: Time the busiest rollout rank spent inside the policy.
-        rollout_seconds: The rollout's wall time.
-
-    Returns:
-        The message, or None if stages look worth it (or there is one stage).
-    """
-    if stages <= 1 or rollout_seconds <= 0:
-        return None
-    overhead = max(0.0, rollout_seconds - max(env_seconds, policy_seconds))
-    one_stage = env_seconds + policy_seconds + overhead / stages
-    if one_stage > rollout_seconds * (1.0 - PIPELINE_MARGIN):
-        return None
-    return (
-        f"rollout.pipeline_stage_num={stages} looks slower than one stage here: this "
-        f"rollout took {rollout_seconds:.3f} s (envs {env_seconds:.3f} s, policy "
-        f"{policy_seconds:.3f} s, the rest hand-offs), one stage would take about "
-        f"{one_stage:.3f} s; set rollout.pipeline_stage_num: 1 (see docs/embodied.md, "
-        "'When pipeline stages help')"
-    )

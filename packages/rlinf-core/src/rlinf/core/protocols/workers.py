@@ -71,15 +71,22 @@ class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
         """Builds this rank's envs; returns their observation/action spec."""
 
     def interact(
-        self, obs_channel: Channel, action_channel: Channel, actor_channel: Channel
+        self,
+        obs_channel: Channel,
+        action_channel: Channel,
+        actor_channel: Channel,
+        merged: bool = False,
     ) -> dict[str, Any]:
         """Runs one rollout epoch: observations out, actions in, trajectories to the actor.
 
+        ``merged``: run the pipeline stages as one stream (``rollout.adaptive_stages``).
         Returns ``env_steps`` and ``episodes`` (per-metric lists), and optionally
         ``env_time`` (seconds stepping envs, for the runner's pipeline advice).
         """
 
-    def evaluate(self, obs_channel: Channel, action_channel: Channel) -> dict[str, list[float]]:
+    def evaluate(
+        self, obs_channel: Channel, action_channel: Channel, merged: bool = False
+    ) -> dict[str, list[float]]:
         """Runs the eval episodes; returns per-episode metric lists."""
 
 
@@ -101,9 +108,17 @@ class EmbodiedRolloutWorker(Protocol):
         """Receives the actor's weights; returns the new weight version."""
 
     def generate(
-        self, obs_channel: Channel, action_channel: Channel, step: int, mode: str = "train"
+        self,
+        obs_channel: Channel,
+        action_channel: Channel,
+        step: int,
+        mode: str = "train",
+        merged: bool = False,
     ) -> dict[str, Any]:
-        """Serves one rollout (or eval) epoch; returns ``rollout/*`` metrics."""
+        """Serves one rollout (or eval) epoch; returns ``rollout/*`` metrics.
+
+        ``merged``: the env ranks run their stages as one stream.
+        """
 
 
 @runtime_checkable

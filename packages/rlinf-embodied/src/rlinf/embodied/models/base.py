@@ -16,7 +16,7 @@ logprobs and entropy ``[n, C * A]`` (continuous, per dimension) or ``[n, C]``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -142,6 +142,33 @@ class BasePolicy(nn.Module, ABC):
             Actions ``[n, C, A]``, ``prev_logprobs``, ``prev_values`` ``[n, V]`` and
             ``forward_inputs``, all on the policy's device.
         """
+
+    def predict_actions_first(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
+        """:meth:`predict_action_batch` in two parts: the action chunk, then the rest.
+
+        A rollout worker sends the actions to the env at once and completes the
+        output (values, stored forward inputs) while the env steps, so that work
+        is off the env's critical path. This default does everything in the first
+        part (right for policies whose values share the action's forward pass);
+        :class:`ActorCriticPolicy` defers its separate value network.
+
+        Args:
+            obs: Observations, as for :meth:`predict_action_batch`.
+            mode: ``train`` or ``eval``.
+            generator: Random generator for sampling.
+
+        Returns:
+            ``(actions [n, C, A], complete)``: calling ``complete()`` (once) returns
+            the same :class:`PolicyOutput` that :meth:`predict_action_batch` would.
+        """
+        output = self.predict_action_batch(obs, mode, generator=generator)
+        return output.actions, lambda: output
 
     @abstractmethod
     def default_forward(
@@ -337,6 +364,32 @@ class ActorCriticPolicy(BasePolicy):
         Raises:
             ValueError: Unknown ``mode`` or malformed observations.
         """
+        _, complete = self.predict_actions_first(obs, mode, generator=generator)
+        return complete()
+
+    def predict_actions_first(
+        self,
+        obs: Mapping[str, Tensor],
+        mode: str = "train",
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
+        """Samples the action chunk; ``complete()`` then runs the value head.
+
+        The value head is a network of its own (on the encoder's features), so a
+        rollout worker can run it after the actions are on their way to the env.
+
+        Args:
+            obs: Observations (see :class:`BasePolicy`).
+            mode: ``train`` or ``eval``.
+            generator: Random generator for sampling.
+
+        Returns:
+            ``(actions, complete)`` (see :meth:`BasePolicy.predict_actions_first`).
+
+        Raises:
+            ValueError: Unknown ``mode`` or malformed observations.
+        """
         if mode not in _MODES:
             raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
         with torch.no_grad():
@@ -346,13 +399,18 @@ class ActorCriticPolicy(BasePolicy):
             actions, stored, logprobs = self.action_head.sample(
                 params, deterministic=mode == "eval", generator=generator
             )
-            values = self._values(features)
-        return PolicyOutput(
-            actions=actions,
-            prev_logprobs=logprobs,
-            prev_values=values,
-            forward_inputs={**inputs, "action": stored},
-        )
+
+        def complete() -> PolicyOutput:
+            with torch.no_grad():
+                values = self._values(features)
+            return PolicyOutput(
+                actions=actions,
+                prev_logprobs=logprobs,
+                prev_values=values,
+                forward_inputs={**inputs, "action": stored},
+            )
+
+        return actions, complete
 
     def default_forward(
         self,

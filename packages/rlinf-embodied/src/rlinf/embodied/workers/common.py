@@ -10,6 +10,15 @@ Routing (all deterministic):
   ``lcm(Wa, We * S) / (We * S)`` pieces; piece ``g`` (numbered env rank, then
   stage, then piece) goes to actor rank ``g // (lcm / Wa)`` under key ``str(rank)``
   of the actor channel, and actors order what they get by ``g``.
+
+What travels on a stream is only what the other side reads, since every
+tensor costs serialization time on the env's critical path:
+
+* env -> rollout: an :data:`ObsMessage` ``(obs, final_obs)`` (rewards and done
+  flags stay with the env rank, which builds the trajectory);
+* rollout -> env: the action chunk ``[n, C, A]`` as soon as it is sampled,
+  then (train mode only) the complete :class:`PolicyOutput`, which the rollout
+  finishes (value head, bootstrap values) while the env steps.
 """
 
 from __future__ import annotations
@@ -22,17 +31,22 @@ from typing import Any
 
 import torch
 
-from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput, Trajectory
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Obs, PolicyOutput, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig, import_plugins
 
 __all__ = [
+    "ObsMessage",
     "actor_pieces",
     "chunk_steps",
+    "concat_env_outputs",
     "concat_trajectories",
-    "merge_env_outputs",
+    "merge_observations",
+    "message_rows",
+    "obs_message",
     "serving_env_ranks",
     "setup_process",
     "split_policy_output",
+    "split_rows",
     "split_trajectory",
     "stream_key",
 ]
@@ -81,28 +95,75 @@ def chunk_steps(split: EnvSplitConfig, spec: EnvSpec, num_action_chunks: int) ->
     return steps // num_action_chunks
 
 
+ObsMessage = tuple[Obs, Obs | None]
+"""``(obs, final_obs)``: what an env rank sends the rollout (see the module docstring)."""
+
+
+def obs_message(output: EnvOutput) -> ObsMessage:
+    """The part of an env output the rollout reads, on the CPU."""
+    final_obs = output.final_obs
+    return (
+        {k: v.cpu() for k, v in output.obs.items()},
+        None if final_obs is None else {k: v.cpu() for k, v in final_obs.items()},
+    )
+
+
 def _cat_obs(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     keys = list(parts[0])
     return {k: torch.cat([p[k] for p in parts], dim=0) for k in keys}
 
 
-def merge_env_outputs(
-    outputs: Sequence[EnvOutput],
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    """Concatenates the observations (and final observations) of several env outputs.
+def concat_env_outputs(outputs: Sequence[EnvOutput]) -> EnvOutput:
+    """Concatenates env outputs of several stages of one rank along the env dim.
+
+    ``final_obs`` is None when no output has one (rows of outputs without one
+    copy their ``obs``); ``rewards`` None when any is (after a reset).
+    """
+    if len(outputs) == 1:
+        return outputs[0]
+    rewards = [o.rewards for o in outputs if o.rewards is not None]
+    final_obs = None
+    if any(o.final_obs is not None for o in outputs):
+        final_obs = _cat_obs([o.obs if o.final_obs is None else o.final_obs for o in outputs])
+    return EnvOutput(
+        obs=_cat_obs([o.obs for o in outputs]),
+        terminations=torch.cat([o.terminations for o in outputs]),
+        truncations=torch.cat([o.truncations for o in outputs]),
+        rewards=torch.cat(rewards) if len(rewards) == len(outputs) else None,
+        final_obs=final_obs,
+        stage_id=outputs[0].stage_id,
+    )
+
+
+def merge_observations(messages: Sequence[ObsMessage]) -> tuple[Obs, Obs | None]:
+    """Concatenates the observations (and final observations) of several env ranks.
 
     Args:
-        outputs: Env outputs of the same stage from different env ranks.
+        messages: Observation messages of the same stage from different env ranks.
 
     Returns:
         ``(obs, final_obs)``: dicts of [sum n, ...] tensors; ``final_obs`` is None
-        when no output has one (rows of outputs without one copy their ``obs``).
+        when no message has one (rows of messages without one copy their ``obs``).
     """
-    obs = _cat_obs([o.obs for o in outputs])
-    if all(o.final_obs is None for o in outputs):
+    if len(messages) == 1:  # one env rank per rollout rank: nothing to copy
+        obs, final_obs = messages[0]
+        return dict(obs), final_obs
+    obs = _cat_obs([m[0] for m in messages])
+    if all(m[1] is None for m in messages):
         return obs, None
-    finals = [o.final_obs if o.final_obs is not None else o.obs for o in outputs]
-    return obs, _cat_obs(finals)
+    return obs, _cat_obs([m[1] if m[1] is not None else m[0] for m in messages])
+
+
+def message_rows(message: ObsMessage) -> int:
+    """Envs ``n`` in an observation message."""
+    return int(next(iter(message[0].values())).shape[0])
+
+
+def split_rows(tensor: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    """Splits ``tensor`` along dim 0 into consecutive parts of ``sizes`` (views)."""
+    if len(sizes) == 1:
+        return [tensor]
+    return list(torch.split(tensor, list(sizes), dim=0))
 
 
 def _narrow(value: Any, start: int, length: int) -> Any:
@@ -115,6 +176,8 @@ def _narrow(value: Any, start: int, length: int) -> Any:
 
 def split_policy_output(output: PolicyOutput, sizes: Sequence[int]) -> list[PolicyOutput]:
     """Splits a policy output along the env dim into consecutive parts of ``sizes``."""
+    if len(sizes) == 1:
+        return [output]
     parts = []
     start = 0
     for size in sizes:

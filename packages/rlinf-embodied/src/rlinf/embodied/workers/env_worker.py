@@ -5,9 +5,10 @@ One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
 1. Send the first observation (a fresh reset, or the observation the previous
    rollout ended on when ``auto_reset``) to the rollout under key ``"rank.s"``.
 2. ``T`` times, for each stage in turn: receive the stage's action chunk, step
-   the stage's env by one chunk, record it, send the new observation. While
-   this rank steps stage ``s``, the rollout computes the actions of the other
-   stages: simulation and inference overlap.
+   the stage's env by one chunk, send the new observation, then receive the
+   complete policy output of that chunk (the rollout finished it while the env
+   stepped) and record both. While this rank steps stage ``s``, the rollout
+   computes the actions of the other stages: simulation and inference overlap.
 3. Receive the policy output on the last observation (its values close the
    ``T + 1`` value rows), end the stream with ``None``, and ship the stage's
    :class:`~rlinf.core.protocols.embodied.Trajectory` to the actor channel,
@@ -35,7 +36,10 @@ from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
     actor_pieces,
     chunk_steps,
+    concat_env_outputs,
+    obs_message,
     setup_process,
+    split_rows,
     split_trajectory,
     stream_key,
 )
@@ -114,17 +118,34 @@ class EnvWorker(Worker):
         finally:
             super().teardown()
 
+    # ------------------------------------------------------------------ streams
+
+    def _streams(self, envs: list[VectorEnv], merged: bool) -> list[_Stream]:
+        """One stream per stage, or one stream of all stages when ``merged``."""
+        stages = len(envs)
+        if merged and stages > 1:
+            return [_Stream(envs, list(range(stages)), stream_key(self.rank, 0))]
+        return [_Stream([env], [s], stream_key(self.rank, s)) for s, env in enumerate(envs)]
+
     # ------------------------------------------------------------------ training rollout
 
     def interact(
-        self, obs_channel: Channel, action_channel: Channel, actor_channel: Channel
+        self,
+        obs_channel: Channel,
+        action_channel: Channel,
+        actor_channel: Channel,
+        merged: bool = False,
     ) -> dict[str, Any]:
         """Runs one training rollout of every stage of this rank (see the module docstring).
 
         Args:
             obs_channel: Env -> rollout observations (keys ``"rank.stage"``).
-            action_channel: Rollout -> env policy outputs (same keys).
+            action_channel: Rollout -> env action chunks, each followed by its complete
+                policy output (same keys).
             actor_channel: Env -> actor trajectory pieces (key: actor rank).
+            merged: Run the stages as one stream (key ``"rank.0"``): one hand-off per
+                round instead of one per stage. Trajectories reach the actor cut by
+                stage as when pipelined.
 
         Returns:
             ``{"env_steps": sub-steps that advanced a live episode, "env_time": seconds in
@@ -132,78 +153,98 @@ class EnvWorker(Worker):
         """
         cfg = self.cfg
         timeout = cfg.runner.channel_timeout_s
-        stages = len(self.train_envs)
         chunks = cfg.actor.model.num_action_chunks
         steps = chunk_steps(cfg.env.train, self.train_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
+        streams = self._streams(self.train_envs, merged)
         builders: list[TrajectoryBuilder] = []
-        closing = [False] * stages
+        closing = [False] * len(streams)
         env_steps, env_time = 0, 0.0
         with self.worker_timer("interact"):
-            for s, env in enumerate(self.train_envs):
-                out = self._last[s]
-                if out is None or not env.auto_reset:
-                    out = env.reset()
-                obs_channel.put(out.to_cpu(), key=stream_key(self.rank, s), timeout=timeout)
+            for stream in streams:
+                last = [self._last[s] for s in stream.stages]
+                outs = [
+                    out if out is not None and env.auto_reset else env.reset()
+                    for env, out in zip(stream.envs, last, strict=True)
+                ]
+                obs_channel.put(
+                    obs_message(concat_env_outputs(outs)), key=stream.key, timeout=timeout
+                )
                 builders.append(
                     TrajectoryBuilder(
-                        env.num_envs, chunks, cfg.algorithm.gamma, cfg.algorithm.bootstrap_type
+                        stream.num_envs, chunks, cfg.algorithm.gamma, cfg.algorithm.bootstrap_type
                     )
                 )
             # Round t < steps acts on the obs after chunk t - 1; the last request of a
             # stream (round ``steps``, or the round after all its episodes ended without
             # auto-reset) only brings the values of its last observation.
-            active = list(range(stages))
+            active = list(range(len(streams)))
             for t in range(steps + 1):
-                for s in list(active):
-                    env = self.train_envs[s]
-                    key = stream_key(self.rank, s)
-                    policy_out = action_channel.get(key=key, timeout=timeout)
-                    if t == steps or closing[s]:
+                for i in list(active):
+                    stream, key = streams[i], streams[i].key
+                    actions = action_channel.get(key=key, timeout=timeout)
+                    if t == steps or closing[i]:
+                        policy_out = action_channel.get(key=key, timeout=timeout)
                         obs_channel.put(None, key=key, timeout=timeout)
-                        group_ids = env.group_ids + (self.rank * stages + s) * env.num_groups
-                        traj = builders[s].finish(policy_out, group_ids, steps)
-                        self._ship(s, traj, actor_channel, timeout)  # streams to the actor now
-                        active.remove(s)
+                        traj = builders[i].finish(policy_out, self._group_ids(stream), steps)
+                        self._ship(stream, traj, actor_channel, timeout)  # streams to the actor
+                        active.remove(i)
                         continue
                     started = time.perf_counter()
-                    out, metrics = env.chunk_step(policy_out.actions)
+                    outs, metrics = stream.chunk_step(actions)
                     env_time += time.perf_counter() - started
-                    # Without auto-reset, a stage whose episodes all ended stops early
+                    out = concat_env_outputs(outs)
+                    # Without auto-reset, a stream whose episodes all ended stops early
                     # (the rest of its trajectory is padding outside the loss mask).
-                    closing[s] = not env.auto_reset and bool(out.dones[:, -1].all())
+                    closing[i] = not stream.auto_reset and bool(out.dones[:, -1].all())
                     # Hand the obs over first: the bookkeeping below overlaps the policy
                     # call (it only reads ``out``, and the next chunk step copies it).
-                    obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
-                    alive = env.last_alive_mask
+                    obs_channel.put(obs_message(out), key=key, timeout=timeout)
+                    policy_out = action_channel.get(key=key, timeout=timeout)
+                    alive = stream.last_alive_mask()
                     env_steps += int(alive.sum())
-                    builders[s].add_policy_output(policy_out)
-                    builders[s].add_chunk(out, alive)
+                    builders[i].add_policy_output(policy_out)
+                    builders[i].add_chunk(out, alive)
                     for name, values in metrics.items():
-                        episodes[name].extend(values.tolist())
-                    self._last[s] = out
+                        episodes[name].extend(values)
+                    for s, stage_out in zip(stream.stages, outs, strict=True):
+                        self._last[s] = stage_out
             for s, env in enumerate(self.train_envs):
                 if not env.auto_reset:
                     env.update_reset_seeds()
                     self._seed_epochs[s] += 1
         return {"env_steps": env_steps, "env_time": env_time, "episodes": dict(episodes)}
 
-    def _ship(self, stage: int, traj: Trajectory, channel: Channel, timeout: float) -> None:
-        """Puts one stage's trajectory, cut into pieces, under the keys of their actor ranks."""
+    def _group_ids(self, stream: _Stream) -> torch.Tensor:
+        stages = len(self.train_envs)
+        return torch.cat(
+            [
+                env.group_ids + (self.rank * stages + s) * env.num_groups
+                for s, env in zip(stream.stages, stream.envs, strict=True)
+            ]
+        )
+
+    def _ship(self, stream: _Stream, traj: Trajectory, channel: Channel, timeout: float) -> None:
+        """Puts a stream's trajectory, cut by stage and into pieces, under their actor ranks."""
         stages = len(self.train_envs)
         split_num, per_actor = actor_pieces(self._actor_world_size, self.world_size, stages)
-        for j, piece in enumerate(split_trajectory(traj, split_num)):
-            index = (self.rank * stages + stage) * split_num + j
-            channel.put((index, piece), key=str(index // per_actor), timeout=timeout)
+        by_stage = [traj] if len(stream.stages) == 1 else split_trajectory(traj, len(stream.stages))
+        for stage, stage_traj in zip(stream.stages, by_stage, strict=True):
+            for j, piece in enumerate(split_trajectory(stage_traj, split_num)):
+                index = (self.rank * stages + stage) * split_num + j
+                channel.put((index, piece), key=str(index // per_actor), timeout=timeout)
 
     # ------------------------------------------------------------------ eval
 
-    def evaluate(self, obs_channel: Channel, action_channel: Channel) -> dict[str, list[float]]:
+    def evaluate(
+        self, obs_channel: Channel, action_channel: Channel, merged: bool = False
+    ) -> dict[str, list[float]]:
         """Runs the eval envs from their deterministic seeds with the rollout in eval mode.
 
         Args:
             obs_channel: Env -> rollout observations.
-            action_channel: Rollout -> env actions.
+            action_channel: Rollout -> env action chunks.
+            merged: Run the stages as one stream (see :meth:`interact`).
 
         Returns:
             Per metric, the values of every eval episode that finished.
@@ -219,25 +260,28 @@ class EnvWorker(Worker):
         chunks = cfg.actor.model.num_action_chunks
         steps = chunk_steps(cfg.env.eval, self.eval_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
+        streams = self._streams(self.eval_envs, merged)
         with self.worker_timer("evaluate"):
-            for s, env in enumerate(self.eval_envs):
-                out = env.reset(seed=cfg.env.eval.seed)
-                obs_channel.put(out.to_cpu(), key=stream_key(self.rank, s), timeout=timeout)
-            active = list(range(len(self.eval_envs)))
+            for stream in streams:
+                outs = [env.reset(seed=cfg.env.eval.seed) for env in stream.envs]
+                obs_channel.put(
+                    obs_message(concat_env_outputs(outs)), key=stream.key, timeout=timeout
+                )
+            active = list(range(len(streams)))
             for t in range(steps):
-                for s in list(active):
-                    env = self.eval_envs[s]
-                    key = stream_key(self.rank, s)
-                    policy_out = action_channel.get(key=key, timeout=timeout)
-                    out, metrics = env.chunk_step(policy_out.actions)
+                for i in list(active):
+                    stream, key = streams[i], streams[i].key
+                    actions = action_channel.get(key=key, timeout=timeout)
+                    outs, metrics = stream.chunk_step(actions)
                     for name, values in metrics.items():
-                        episodes[name].extend(values.tolist())
-                    over = not env.auto_reset and bool(out.dones[:, -1].all())
+                        episodes[name].extend(values)
+                    out = concat_env_outputs(outs)
+                    over = not stream.auto_reset and bool(out.dones[:, -1].all())
                     if over or t == steps - 1:
                         obs_channel.put(None, key=key, timeout=timeout)
-                        active.remove(s)
+                        active.remove(i)
                     else:
-                        obs_channel.put(out.to_cpu(), key=key, timeout=timeout)
+                        obs_channel.put(obs_message(out), key=key, timeout=timeout)
             for env in self.eval_envs:
                 env.flush_video()
         return dict(episodes)
@@ -300,3 +344,36 @@ class EnvWorker(Worker):
         self._seed_epochs = list(state["seed_epochs"])
         self._last = [None] * stages
         return int(state["step"])
+
+
+class _Stream:
+    """The envs behind one stream key: one stage, or every stage of the rank merged.
+
+    Args:
+        envs: The stages' envs, in stage order.
+        stages: Their stage indices.
+        key: The stream's channel key.
+    """
+
+    def __init__(self, envs: list[VectorEnv], stages: list[int], key: str) -> None:
+        self.envs, self.stages, self.key = envs, stages, key
+        self.sizes = [env.num_envs for env in envs]
+        self.num_envs = sum(self.sizes)
+        self.auto_reset = envs[0].auto_reset
+
+    def chunk_step(self, actions: torch.Tensor) -> tuple[list[EnvOutput], dict[str, list[float]]]:
+        """Steps each env by its rows of ``actions``; returns the outputs and episode metrics."""
+        outs: list[EnvOutput] = []
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for env, part in zip(self.envs, split_rows(actions, self.sizes), strict=True):
+            out, finished = env.chunk_step(part)
+            outs.append(out)
+            for name, values in finished.items():
+                metrics[name].extend(values.tolist())
+        return outs, metrics
+
+    def last_alive_mask(self) -> torch.Tensor:
+        """[n, C] bool of the last chunk over the stream's envs."""
+        if len(self.envs) == 1:
+            return self.envs[0].last_alive_mask
+        return torch.cat([env.last_alive_mask for env in self.envs])

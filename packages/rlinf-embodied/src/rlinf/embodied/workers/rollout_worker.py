@@ -1,13 +1,15 @@
 """``MultiStepRolloutWorker``: a stateless policy server for the env ranks it serves.
 
 :meth:`MultiStepRolloutWorker.generate` loops over pipeline stages: for stage
-``s`` it takes the next observation of every served env rank's stage-``s``
-stream (key ``"env_rank.s"``), acts on them in one batch, and sends each env
-rank its slice of the :class:`~rlinf.core.protocols.embodied.PolicyOutput`.
-A stream ends when its env rank sends ``None``; ``generate`` returns when all
-have ended, so the same loop serves training rollouts and eval. When an
-observation comes with ``final_obs`` (envs that auto-reset), the output also
-carries ``bootstrap_values = V(final_obs)``.
+``s`` it takes the next observation message of every served env rank's
+stage-``s`` stream (key ``"env_rank.s"``), acts on them in one batch, and sends
+each env rank its slice of the action chunk at once. In train mode it then
+completes the :class:`~rlinf.core.protocols.embodied.PolicyOutput` (the value
+head; ``bootstrap_values = V(final_obs)`` when the observation came with a
+``final_obs`` of envs that auto-reset) while the env steps, and sends each env
+rank its slice of that too. A stream ends when its env rank sends ``None``;
+``generate`` returns when all have ended, so the same loop serves training
+rollouts and eval.
 
 Weights arrive from actor rank 0 by broadcast (:meth:`sync_model_from_actor`)
 together with their version, which stamps every output.
@@ -22,16 +24,19 @@ import torch
 
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
-from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput
+from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.core.seeding import derive_seed
 from rlinf.core.weight_sync import WeightBucket, receive_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
-    merge_env_outputs,
+    ObsMessage,
+    merge_observations,
+    message_rows,
     serving_env_ranks,
     setup_process,
     split_policy_output,
+    split_rows,
     stream_key,
 )
 from rlinf.sched import Worker
@@ -156,22 +161,28 @@ class MultiStepRolloutWorker(Worker):
     # ------------------------------------------------------------------ serving
 
     def generate(
-        self, obs_channel: Channel, action_channel: Channel, step: int, mode: str = "train"
+        self,
+        obs_channel: Channel,
+        action_channel: Channel,
+        step: int,
+        mode: str = "train",
+        merged: bool = False,
     ) -> dict[str, Any]:
         """Serves the streams of its env ranks until every one has ended.
 
         Args:
             obs_channel: Env -> rollout observations.
-            action_channel: Rollout -> env policy outputs.
+            action_channel: Rollout -> env action chunks (and, in train mode, policy outputs).
             step: Global step (seeds the sampling, so resumed runs sample alike).
             mode: ``train`` samples actions; ``eval`` takes the deterministic action.
+            merged: The env ranks run their stages as one stream (key ``"rank.0"``).
 
         Returns:
             ``{"calls": policy calls, "infer_time": seconds inside the policy}``.
         """
         policy = self._require_policy()
         timeout = self.cfg.runner.channel_timeout_s
-        stages = self.cfg.rollout.pipeline_stage_num
+        stages = 1 if merged else self.cfg.rollout.pipeline_stage_num
         phase = self.device_phase(
             lock=self._offload, offload=self._offload, timeout=self.cfg.runner.step_timeout_s
         )
@@ -186,7 +197,7 @@ class MultiStepRolloutWorker(Worker):
                         ranks = active[s]
                         if not ranks:
                             continue
-                        live: list[tuple[int, EnvOutput]] = []
+                        live: list[tuple[int, ObsMessage]] = []
                         for e in list(ranks):
                             item = obs_channel.get(key=stream_key(e, s), timeout=timeout)
                             if item is None:
@@ -195,33 +206,49 @@ class MultiStepRolloutWorker(Worker):
                                 live.append((e, item))
                         if not live:
                             continue
-                        t0 = time.perf_counter()
-                        outputs = self._act(policy, [o for _, o in live], mode, generator)
-                        infer_time += time.perf_counter() - t0
+                        keys = [stream_key(e, s) for e, _ in live]
+                        infer_time += self._act(
+                            policy, [m for _, m in live], keys, action_channel, mode, generator
+                        )
                         calls += 1
-                        for (e, _), out in zip(live, outputs, strict=True):
-                            action_channel.put(out, key=stream_key(e, s), timeout=timeout)
         return {"calls": calls, "infer_time": infer_time}
 
     def _act(
         self,
         policy: BasePolicy,
-        outputs: list[EnvOutput],
+        messages: list[ObsMessage],
+        keys: list[str],
+        action_channel: Channel,
         mode: str,
         generator: torch.Generator,
-    ) -> list[PolicyOutput]:
-        obs, final_obs = merge_env_outputs(outputs)
-        with torch.no_grad():
-            result = policy.predict_action_batch(obs, mode=mode, generator=generator)
-            bootstrap = None
-            if final_obs is not None and mode != "eval":  # eval trains nothing: no bootstrap
-                bootstrap = policy.get_value(final_obs)[:, :1]
-        result.bootstrap_values = bootstrap
-        result.version = self.version
-        result = result.to_cpu()
+    ) -> float:
+        """Acts on the batch, sends the actions, then (train) the completed outputs.
+
+        Returns:
+            Seconds spent inside the policy.
+        """
+        timeout = self.cfg.runner.channel_timeout_s
+        sizes = [message_rows(m) for m in messages]
+        obs, final_obs = merge_observations(messages)
+        started = time.perf_counter()
+        actions, complete = policy.predict_actions_first(obs, mode=mode, generator=generator)
+        elapsed = time.perf_counter() - started
+        for key, part in zip(keys, split_rows(actions.cpu(), sizes), strict=True):
+            action_channel.put(part, key=key, timeout=timeout)
         if mode == "eval":  # env ranks only need the actions
-            result = PolicyOutput(actions=result.actions, version=self.version)
-        return split_policy_output(result, [o.num_envs for o in outputs])
+            return elapsed
+        started = time.perf_counter()
+        result = complete()
+        if final_obs is not None:
+            with torch.no_grad():
+                result.bootstrap_values = policy.get_value(final_obs)[:, :1]
+        result.version = self.version
+        if self.device.type != "cpu":
+            result = result.to_cpu()
+        elapsed += time.perf_counter() - started
+        for key, out in zip(keys, split_policy_output(result, sizes), strict=True):
+            action_channel.put(out, key=key, timeout=timeout)
+        return elapsed
 
 
 def _load_trainable(
