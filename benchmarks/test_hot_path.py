@@ -4,6 +4,9 @@ Issue 15 asks the rollout to run at the simulator's speed when envs are few
 and cheap. This module measures how far it is, and where the time goes, in
 one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 
+- ``rollout time beyond the env's chunk_step`` (info): per env step, the
+  rollout's wall time minus the env rank's time inside ``chunk_step`` (the
+  hand-offs and the policy's critical part), next to the bare simulator step.
 - ``rollout vs bare simulator`` (target 0.8x, floor 0.2x): env steps/s of
   ``generate_rollouts`` (one ``PickCube-v1`` state env on the CPU sim, the
   MLP policy of ``maniskill_pickcube_ppo_mlp``, C = 1, env on CPU slot 0 and
@@ -153,13 +156,17 @@ def test_rollout_vs_bare_simulator(
     (actor, rollout, env), log_path = groups
     sim = bare_env()
     steps: list[int] = []
+    beyond_env_us: list[float] = []  # rollout wall time minus the env's chunk_step time
     with EmbodiedRunner(rollout_config(log_path), actor, rollout, env) as runner:
         runner.init_workers()
         runner.update_rollout_weights()
         runner.generate_rollouts()  # warm-up: first reset and inference
 
         def one_rollout() -> None:
-            steps.append(int(runner.generate_rollouts()["rollout/env_steps"]))
+            metrics = runner.generate_rollouts()
+            steps.append(int(metrics["rollout/env_steps"]))
+            beyond = metrics["time/generate_rollouts"] - metrics["time/env_chunk_steps"]
+            beyond_env_us.append(beyond / STEPS * 1e6)
 
         stats = interleave(
             {
@@ -181,6 +188,16 @@ def test_rollout_vs_bare_simulator(
         baseline_name="bare sim",
         target=0.8,
         floor=0.2,
+    )
+    record_ratio(
+        "hot path: rollout time beyond the env's chunk_step, per env step",
+        statistics.median(beyond_env_us),
+        stats["bare simulator"].median / STEPS * 1e6,
+        unit="us",
+        baseline_name="sim step",
+        target=None,
+        floor=None,
+        higher_is_better=False,
     )
 
 
