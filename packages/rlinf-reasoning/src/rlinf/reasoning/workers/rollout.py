@@ -77,6 +77,9 @@ class RolloutWorker(Worker):
         options: dict[str, Any] = {}
         if cfg.rollout.max_batch_size is not None:
             options["max_batch_size"] = cfg.rollout.max_batch_size
+        if cfg.rollout.engine == "vllm":
+            options.update(cfg.rollout.vllm.model_dump())
+            options["seed"] = derive_seed(cfg.runner.seed, "rollout", self.rank) % 2**31
         self.engine = create_engine(
             cfg.rollout.engine,
             model_path=cfg.rollout_model_path,
@@ -125,6 +128,9 @@ class RolloutWorker(Worker):
             (self.group_name, list(range(self.world_size))),
         ]
         check = self.num_syncs == 0 and self.cfg.rollout.validate_weight_first_sync
+        # Engines that cannot read their weights back (vLLM prepacks them) get the
+        # names checked against their model directory instead of the values.
+        readable = getattr(engine, "weights_readable", True)
         dtype = getattr(engine, "dtype", None)
         worst = 0.0
 
@@ -139,15 +145,26 @@ class RolloutWorker(Worker):
             nonlocal worst
             engine.load_weights(bucket.tensors, version=bucket.version)
             self.load_calls += 1
-            if check:
+            if check and readable:
                 cast = [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
                 worst = max(worst, engine.weights_max_abs_diff(cast))
 
         version, buckets, received = receive_weights(receive, load)
+        finish = getattr(engine, "finish_weight_sync", None)
+        if finish is not None:
+            finish()  # e.g. vLLM: no fused q/k/v or gate/up group left incomplete
         model = getattr(engine, "model", None)
-        if check and model is not None:
+        expected = getattr(engine, "expected_weight_names", None)
+        names = (
+            (n for n, _ in model.named_parameters())
+            if model is not None
+            else expected()
+            if expected is not None
+            else None
+        )
+        if check and names is not None:
             check_complete(
-                (n for n, _ in model.named_parameters()),
+                names,
                 received,
                 version,
                 "actor and rollout must load the same architecture (check "
