@@ -210,6 +210,14 @@ def test_temperature_other_than_one_is_refused_by_name(engine: VLLMEngine) -> No
         engine.generate(PROMPTS, 0, greedy())
 
 
+def test_heads_narrower_than_32_dims_are_refused_on_cpu(tmp_path: Path) -> None:
+    tokenizer = build_tokenizer()
+    narrow = toy_model_config(tokenizer)  # the toy task's 4 heads of 16 dims
+    build_toy_model(narrow, seed=0).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"16-dim attention heads.*32 or more"):
+        VLLMEngine(tmp_path, max_model_len=MAX_LEN)
+
+
 def test_offload_is_a_tracked_no_op_on_cpu(engine: VLLMEngine) -> None:
     before = engine.generate(PROMPTS[:1], 1, greedy(8))
     engine.offload()

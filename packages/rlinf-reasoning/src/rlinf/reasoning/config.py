@@ -240,7 +240,7 @@ class VLLMOptions(RLinfModel):
     )
 
 
-_ENGINE_PACKAGES = {"vllm": ("vllm", "`pip install vllm` (its CUDA build, on a GPU machine)")}
+_ENGINE_PACKAGES = {"vllm": ("vllm", "run `pip install vllm` (its CUDA build) on a GPU machine")}
 """Engine -> (module it imports, what to install)."""
 
 
@@ -286,7 +286,7 @@ class RolloutConfig(RLinfModel):
             if importlib.util.find_spec(module) is None:
                 raise ValueError(
                     f"rollout.engine={value!r} needs the {module} package, which is not "
-                    f"installed: install {extra} (on a GPU machine), or set rollout.engine: hf"
+                    f"installed: {extra}, or set rollout.engine: hf"
                 )
         return value
 

