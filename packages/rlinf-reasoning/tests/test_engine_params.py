@@ -115,7 +115,7 @@ def test_vllm_without_vllm_installed_names_the_extra_and_the_test_command(tmp_pa
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ImportError) as info:
         VLLMEngine(tmp_path)
-    assert "pip install vllm" in str(info.value)
+    assert "rlinf-reasoning[vllm]" in str(info.value)
     assert "uv run --project tests/engines/vllm pytest tests/engines/vllm" in str(info.value)
     with pytest.raises(FileNotFoundError, match=r"rollout\.model_path"):
         VLLMEngine(tmp_path / "missing")

