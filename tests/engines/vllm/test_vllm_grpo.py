@@ -1,4 +1,4 @@
-"""Slow: the toy GRPO task with ``rollout.engine: vllm`` raises held-out accuracy by >= 10 points.
+"""Slow: the toy GRPO task with ``rollout.engine: vllm`` raises held-out accuracy by >= 15 points.
 
     uv run --project tests/engines/vllm pytest tests/engines/vllm -m slow
 
@@ -7,13 +7,16 @@ with ``rollout.engine: vllm`` and the docs' quickstart task, except that the
 model has 2 attention heads of 32 dims instead of 4 of 16 (vLLM's CPU attention
 has no 16-dim kernel), warm-started for 800 supervised steps instead of 300
 (with 300, the 2-head model answers 8.7% of the held-out problems, the
-4-head one ~21%). Everything else, the actor included, is the HF run's: the
-engine samples, reports logprobs and receives every step's weights.
+4-head one ~21%), and that it trains 500 steps instead of 300 (the 2-head model
+learns more slowly: +11 points at step 300). Everything else, the actor
+included, is the HF run's: the engine samples, reports logprobs and receives
+every step's weights.
 
-Measured (2-vCPU VM, deterministic given the seeds): held-out greedy accuracy
-0.317 -> 0.430 in 300 steps (0.367, 0.367, 0.373, 0.387, 0.43 at steps
-50..250), 1.4 s per step, 7.5 min in all. Issue 16 asks for 15 points; this
-budget gives 11, so the test asserts 10 (see the issue's closing note).
+Measured (2-vCPU VM, deterministic given the seeds; two runs gave the same
+curve): held-out greedy accuracy 0.317 -> 0.497 in 500 steps (0.367, 0.367,
+0.373, 0.387, 0.43, 0.43, 0.43, 0.49, 0.477 at steps 50..450), about 1.1 s
+per step, 10.9 min in all. A higher actor lr (4e-4) did not learn (0.317 at
+step 300), nor did a 4-head, 128-wide model (0.263 -> 0.287 at step 300).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
 from rlinf.sched import Cluster
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "reasoning" / "config"
-STEP_BUDGET = 300
+STEP_BUDGET = 500
 TASK = ToyTaskConfig(
     num_train=1500,
     num_test=300,
@@ -51,8 +54,8 @@ TASK = ToyTaskConfig(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_grpo_with_the_vllm_engine_raises_held_out_accuracy_by_10_points(
+@pytest.mark.timeout(2400)
+def test_grpo_with_the_vllm_engine_raises_held_out_accuracy_by_15_points(
     tmp_path: Path,
 ) -> None:
     before = torch.get_num_threads()
@@ -91,4 +94,4 @@ def test_grpo_with_the_vllm_engine_raises_held_out_accuracy_by_10_points(
     print(f"\nwarm start {task.accuracy:.3f}; eval/accuracy by step: {evals}")
     assert evals[0][0] == 0 and evals[-1][0] == STEP_BUDGET
     assert abs(warm - task.accuracy) < 0.02  # vLLM's greedy eval at step 0 = HF's warm start
-    assert final >= warm + 0.10
+    assert final >= warm + 0.15
