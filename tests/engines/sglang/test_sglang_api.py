@@ -495,7 +495,7 @@ def test_copied_constants_match_sglang(adapter: ast.Module, root: Path) -> None:
 def test_sampler_logprobs_are_tempered_before_filtering_except_greedy(root: Path) -> None:
     # The logprob convention the adapter documents, as SGLang's Sampler.forward
     # computes it: the standard path divides the logits by the temperature,
-    # takes the softmax and returns log(probs) (top-k/top-p work on a copy);
+    # takes the softmax, samples, and returns log(probs) of that softmax;
     # the greedy path returns log_softmax of the raw logits.
     sampler = find_class(parse(root / "srt" / "layers" / "sampler.py"), "Sampler")
     forward = ast.unparse(
@@ -508,6 +508,31 @@ def test_sampler_logprobs_are_tempered_before_filtering_except_greedy(root: Path
         in (forward[greedy:standard])
     )
     assert "else torch.log(probs)" in forward[standard:]
+
+
+def test_pytorch_sampler_filters_a_copy_of_the_probabilities(root: Path) -> None:
+    # log(probs) is taken after sampling, so the sampler must not filter probs in
+    # place. SGLang's PyTorch sampler writes only to its sorted copy (FlashInfer's
+    # CUDA kernel, the default where installed, cannot be read here).
+    tree = parse(root / "srt" / "layers" / "sampler.py")
+    fn = find_function(tree, "top_k_top_p_min_p_sampling_from_probs_torch")
+    writes = [
+        ast.unparse(node)
+        for node in ast.walk(fn)
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and ast.unparse(node.value) == "probs"
+        )
+        or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "probs"
+            and node.func.attr.endswith("_")
+        )
+    ]
+    assert writes == []
+    assert "probs_sort, probs_idx = probs.sort(dim=-1, descending=True)" in ast.unparse(fn)
 
 
 def test_the_checker_reports_mistakes(root: Path, engine_methods: dict[str, Signature]) -> None:

@@ -20,9 +20,11 @@ a recording stand-in for ``sglang.Engine``.
   and an aborted request raises.
 * **Logprobs**: SGLang's sampler (``sglang/srt/layers/sampler.py``) divides the
   logits by the temperature, takes the softmax, samples from it with
-  top-k/top-p applied to a copy, and returns ``log`` of that softmax at the
-  sampled token: ``log_softmax(logits / T)[token]`` before top-k/top-p, fp32,
-  our convention, for any temperature. Two exceptions, both refused: greedy
+  top-k/top-p, and returns ``log`` of that softmax at the sampled token:
+  ``log_softmax(logits / T)[token]`` before top-k/top-p, fp32, our convention,
+  for any temperature (provided the sampling kernel leaves the probabilities
+  untouched: the PyTorch sampler filters a sorted copy; FlashInfer's kernel,
+  SGLang's default on CUDA, was not read). Two exceptions, both refused: greedy
   requests (``top_k == 1``, or a temperature below SGLang's 1e-6 greedy
   threshold) get ``log_softmax(logits)``, the temperature-1 value, so greedy
   with a temperature other than 1 raises an error naming the sampling keys;
