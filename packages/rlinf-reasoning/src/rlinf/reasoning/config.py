@@ -240,12 +240,48 @@ class VLLMOptions(RLinfModel):
     )
 
 
+class SGLangOptions(RLinfModel):
+    """SGLang engine options (``rollout.sglang``; used with ``rollout.engine: sglang``)."""
+
+    max_model_len: int | None = Field(
+        None,
+        ge=8,
+        description="Longest prompt + response (SGLang's context_length); null: the model's.",
+    )
+    mem_fraction_static: float = Field(
+        0.5, gt=0, lt=1, description="Share of GPU memory for SGLang's weights and KV cache."
+    )
+    enable_memory_saver: bool = Field(
+        True,
+        description="Let offload release GPU memory (release_memory_occupation); false: "
+        "offload and onload keep everything on the GPU.",
+    )
+    enable_weights_cpu_backup: bool = Field(
+        False,
+        description="Keep a CPU copy of the weights while offloaded; false: they are "
+        "discarded and the next weight sync must send all of them.",
+    )
+    enable_deterministic_inference: bool = Field(
+        False,
+        description="SGLang's deterministic mode (batch-invariant kernels, PyTorch sampler); "
+        "sampling seeds are honoured only with it.",
+    )
+    disable_cuda_graph: bool = Field(
+        True, description="Skip CUDA graphs: faster start-up, slower decoding."
+    )
+    log_level: str = Field("error", description="SGLang's log level.")
+
+
 _ENGINE_PACKAGES = {
     "vllm": (
         "vllm",
         'install the extra on a GPU machine: `pip install "rlinf-reasoning[vllm]"` '
         "(vLLM's CUDA build)",
-    )
+    ),
+    "sglang": (
+        "sglang",
+        'install the extra on a GPU machine: `pip install "rlinf-reasoning[sglang]"`',
+    ),
 }
 """Engine -> (module it imports, what to install)."""
 
@@ -255,10 +291,12 @@ class RolloutConfig(RLinfModel):
 
     engine: str = Field(
         "hf",
-        description="Rollout engine backend: hf or vllm (sglang is not implemented yet).",
+        description="Rollout engine backend: hf, vllm or sglang.",
     )
     vllm: VLLMOptions = Field(default_factory=VLLMOptions)  # type: ignore[arg-type]
     """Options of the vLLM engine."""
+    sglang: SGLangOptions = Field(default_factory=SGLangOptions)  # type: ignore[arg-type]
+    """Options of the SGLang engine."""
     model_path: Path | None = Field(
         None, description="Model directory of the engine; null: actor.model_path."
     )

@@ -1,10 +1,9 @@
 """The rollout-engine contract: sampling parameters, outputs and the engine protocol.
 
-Every backend (the Hugging Face engine and the vLLM engine; SGLang is not
-implemented yet) implements :class:`RolloutEngine`. The rollout
-worker and runner are written against this protocol only, so adding a backend
-means registering it in :mod:`rlinf.reasoning.engines.registry` and nothing
-else.
+Every backend (the Hugging Face, vLLM and SGLang engines) implements
+:class:`RolloutEngine`. The rollout worker and runner are written against this
+protocol only, so adding a backend means registering it in
+:mod:`rlinf.reasoning.engines.registry` and nothing else.
 
 Conventions shared by all backends:
 

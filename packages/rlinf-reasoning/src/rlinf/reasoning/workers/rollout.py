@@ -77,8 +77,9 @@ class RolloutWorker(Worker):
         options: dict[str, Any] = {}
         if cfg.rollout.max_batch_size is not None:
             options["max_batch_size"] = cfg.rollout.max_batch_size
-        if cfg.rollout.engine == "vllm":
-            options.update(cfg.rollout.vllm.model_dump())
+        typed = {"vllm": cfg.rollout.vllm, "sglang": cfg.rollout.sglang}.get(cfg.rollout.engine)
+        if typed is not None:  # the engine's own sub-section (rollout.vllm, rollout.sglang)
+            options.update(typed.model_dump())
             options["seed"] = derive_seed(cfg.runner.seed, "rollout", self.rank) % 2**31
         self.engine = create_engine(
             cfg.rollout.engine,
@@ -152,7 +153,7 @@ class RolloutWorker(Worker):
         version, buckets, received = receive_weights(receive, load)
         finish = getattr(engine, "finish_weight_sync", None)
         if finish is not None:
-            finish()  # e.g. vLLM: no fused q/k/v or gate/up group left incomplete
+            finish()  # vLLM: no incomplete fused group; SGLang: closes its update session
         model = getattr(engine, "model", None)
         expected = getattr(engine, "expected_weight_names", None)
         names = (
