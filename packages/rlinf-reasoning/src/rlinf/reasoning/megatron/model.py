@@ -1,0 +1,132 @@
+"""Building this rank's Megatron ``GPTModel`` from a local Hugging Face checkpoint.
+
+What: :func:`init_model_parallel` sets up Megatron's process groups and RNG
+(applying the CPU shims where there is no CUDA); :func:`build_gpt_model` reads
+``config.json``, builds this rank's tensor/pipeline-parallel shard of the model
+with the local layer spec and loads the safetensors weights into it.
+
+Why: the actor's one entry point to a model; the rollout engine's checkpoint
+directory is all it needs.
+
+Cost: the model's allocation (its share of parameters, uninitialised) and the
+reading of its share of the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer import TransformerConfig
+
+from rlinf.reasoning.megatron.cpu_shims import apply_cpu_shims
+from rlinf.reasoning.megatron.hf_config import (
+    HFArchitecture,
+    gpt_layer_spec,
+    read_hf_architecture,
+    transformer_config,
+)
+from rlinf.reasoning.megatron.hf_load import load_hf_weights
+
+__all__ = ["HFGPTModel", "build_gpt_model", "init_model_parallel"]
+
+
+def init_model_parallel(tp_size: int, pp_size: int, seed: int = 0) -> None:
+    """Megatron's TP/PP/DP groups over the default process group, and its seeded RNG states.
+
+    The default process group must exist (``torch.distributed``). On a machine
+    without CUDA the CPU shims are applied first.
+
+    Args:
+        tp_size: Tensor-parallel size.
+        pp_size: Pipeline-parallel size (the rest of the world is data parallel).
+        seed: Seed of Megatron's RNG tracker.
+    """
+    apply_cpu_shims()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size
+    )
+    model_parallel_cuda_manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class HFGPTModel:
+    """This rank's model and what the bridge needs to map it back to HF.
+
+    Attributes:
+        model: This rank's ``GPTModel`` (its TP shard of its PP stage).
+        arch: The checkpoint's architecture.
+        config: The Megatron config it was built with.
+        padded_vocab: Vocabulary rows of its embedding / output layer (all ranks).
+    """
+
+    model: GPTModel
+    arch: HFArchitecture
+    config: TransformerConfig
+    padded_vocab: int
+
+
+def build_gpt_model(
+    model_dir: str | Path,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    vocab_multiple: int = 1,
+    load_weights: bool = True,
+    **config_overrides: Any,
+) -> HFGPTModel:
+    """This rank's shard of the checkpoint in ``model_dir``, on the current device.
+
+    Call :func:`init_model_parallel` first. Parameters are allocated on
+    ``torch.cuda.current_device()`` (the CPU under the CPU shims).
+
+    Args:
+        model_dir: A ``save_pretrained`` directory (``config.json`` and safetensors).
+        params_dtype: Parameter dtype.
+        vocab_multiple: Pad the vocabulary to a multiple of this times the TP size.
+        load_weights: Load the checkpoint (else parameters stay uninitialised).
+        **config_overrides: Further ``TransformerConfig`` fields.
+
+    Returns:
+        The model (train mode) and its mapping data.
+
+    Raises:
+        RuntimeError: If Megatron's model parallel groups are not initialised.
+    """
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError("call init_model_parallel (Megatron's process groups) first")
+    tp_size = ps.get_tensor_model_parallel_world_size()
+    arch = read_hf_architecture(model_dir)
+    config = transformer_config(
+        arch,
+        tp_size=tp_size,
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        params_dtype=params_dtype,
+        **config_overrides,
+    )
+    padded_vocab = arch.padded_vocab_size(tp_size, vocab_multiple)
+    model = GPTModel(
+        config,
+        gpt_layer_spec(),
+        vocab_size=padded_vocab,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+    )
+    if load_weights:
+        load_hf_weights(
+            model,
+            model_dir,
+            arch,
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=tp_size,
+            padded_vocab=padded_vocab,
+        )
+    return HFGPTModel(model, arch, config, padded_vocab)
