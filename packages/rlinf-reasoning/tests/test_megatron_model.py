@@ -122,8 +122,18 @@ def _free_port() -> int:
 def _run_job(target: Any, *args: Any) -> None:
     port = _free_port()
     procs = [CTX.Process(target=target, args=(r, port, *args), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
+    # The jobs test the CPU (gloo) path, shims included, on GPU machines too: the
+    # children see no GPU (they inherit the environment when they start).
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
     for p in procs:
         p.join(JOB_TIMEOUT_S)
     for p in procs:

@@ -120,6 +120,10 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
     )
+    if torch.cuda.is_available():
+        # Megatron creates some modules (the local spec's torch norms) on the CPU;
+        # its training loop moves the model to the GPU after building it, as here.
+        model.cuda(torch.cuda.current_device())
     if load_weights:
         load_hf_weights(
             model,
