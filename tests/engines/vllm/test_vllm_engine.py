@@ -204,10 +204,41 @@ def test_a_sync_that_leaves_a_fused_group_incomplete_is_rejected(
 
 
 def test_temperature_other_than_one_is_refused_by_name(engine: VLLMEngine) -> None:
-    with pytest.raises(ValueError, match=r"rollout\.sampling\.temperature=0\.7"):
+    with pytest.raises(ValueError, match=r"temperature=0\.7.*algorithm\.sampling_params"):
         engine.generate(PROMPTS, 1, SamplingParams(temperature=0.7))
     with pytest.raises(ValueError, match="n must be"):
         engine.generate(PROMPTS, 0, greedy())
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key"),
+    [
+        ({"sampling_params": {"temperature": 0.7}}, "algorithm.sampling_params.temperature"),
+        (
+            {"val_sampling_params": {"temperature": 0.5, "top_k": 1}},
+            "algorithm.val_sampling_params.temperature",
+        ),
+    ],
+)
+def test_a_vllm_config_with_temperature_other_than_one_fails_at_load(
+    tmp_path: Path, algorithm: dict[str, Any], key: str
+) -> None:
+    from rlinf.core.config import ConfigError, validate_config
+    from rlinf.reasoning.config import ReasoningConfig
+
+    data = {
+        "cluster": {
+            "cpu_slots_per_node": 2,
+            "component_placement": {"actor": 0, "rollout": 1, "reward": 1},
+        },
+        "data": {"train_files": [str(tmp_path / "t.jsonl")], "max_prompt_length": 16},
+        "runner": {"max_steps": 1, "val_check_interval": -1, "val_before_train": False},
+        "algorithm": {"group_size": 4, "rollout_batch_size": 4, **algorithm},
+        "actor": {"model_path": str(tmp_path), "micro_batch_size": 4},
+        "rollout": {"engine": "vllm"},
+    }
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(data, ReasoningConfig)
 
 
 def test_heads_narrower_than_32_dims_are_refused_on_cpu(tmp_path: Path) -> None:

@@ -462,6 +462,17 @@ class ReasoningConfig(RLinfModel):
                 "logprobs with the engine's, but actor.recompute_logprobs is false; set "
                 "actor.recompute_logprobs: true or importance_sampling_fix: false"
             )
+        if self.rollout.engine == "vllm":
+            for key, sampling in (
+                ("algorithm.sampling_params", alg.sampling_params),
+                ("algorithm.val_sampling_params", alg.eval_sampling),
+            ):
+                if sampling.temperature != 1.0:
+                    raise ValueError(
+                        f"{key}.temperature={sampling.temperature}: rollout.engine: vllm "
+                        "reports logprobs at temperature 1 only (vLLM has no pre-filter "
+                        "tempered logprobs); set it to 1.0, or use rollout.engine: hf"
+                    )
         if alg.kl_beta > 0 and alg.is_reinpp:
             raise ValueError(
                 "algorithm.kl_beta > 0 adds a KL loss term; reinforce_plus_plus folds its KL "

@@ -10,7 +10,8 @@ What it does, and where it differs from the Hugging Face engine:
   is exactly the actor's convention (:mod:`rlinf.reasoning.models.logprobs`)
   at temperature 1. vLLM has no mode that gives ``log_softmax(logits / T)``
   before filtering, so ``generate`` refuses a temperature other than 1 with an
-  error naming ``rollout.sampling.temperature`` (the HF engine supports any).
+  error naming ``algorithm.sampling_params.temperature``, at config load and in
+  ``generate`` (the HF engine supports any).
 * **Weight updates** use vLLM's in-place reload (``collective_rpc`` to the
   worker's ``reload_weights`` with a weights iterator). On the CPU build,
   vLLM prepacks linear weights, so ``model.load_weights`` alone would be
@@ -317,9 +318,10 @@ class VLLMEngine:
             raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
         if params.temperature != 1.0:
             raise ValueError(
-                f"rollout.sampling.temperature={params.temperature}: the vLLM engine reports "
+                f"temperature={params.temperature}: the vLLM engine reports "
                 "logprobs at temperature 1 only (vLLM has no pre-filter tempered logprobs); "
-                "set it to 1.0, or use rollout.engine: hf"
+                "set algorithm.sampling_params.temperature (and val_sampling_params) to 1.0, or "
+                "use rollout.engine: hf"
             )
         vllm_params = self._vllm.SamplingParams(
             n=n,
