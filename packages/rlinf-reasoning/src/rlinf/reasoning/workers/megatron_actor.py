@@ -1,0 +1,358 @@
+"""``MegatronActor``: the GRPO actor on a Megatron-core GPT model (tensor parallel).
+
+What: the same training step as :class:`~rlinf.reasoning.workers.actor.FSDPActor`
+(its ``run_training`` and loss code are reused as they are) on this rank's
+tensor-parallel shard of the model, built straight from the Hugging Face
+checkpoint (:mod:`rlinf.reasoning.megatron`). The actor ranks split into
+``tp = actor.model.tensor_model_parallel_size`` model-parallel ranks per
+replica and ``world / tp`` data-parallel replicas (Megatron's rank order: TP
+ranks are consecutive).
+
+* Data: each replica takes ``1 / dp`` of the step's prompt groups. Only the
+  first rank of a model-parallel group reads the channel; it broadcasts each
+  group to its peers (``broadcast_object_list`` over Megatron's model-parallel
+  group), so all ranks of a replica run the same micro-batches.
+* Forward: :func:`~rlinf.reasoning.megatron.forward.gpt_logits` and the
+  vocab-parallel token logprobs and entropy (the full vocabulary is never
+  gathered).
+* Optimizer step: gradients are averaged over the data-parallel group (one
+  coalesced all-reduce); the norm sums squares of TP-sharded parameters over
+  the TP group and counts replicated ones (norms) once; clip like
+  ``torch.nn.utils.clip_grad_norm_`` and skip the step on a non-finite norm,
+  as ``rlinf.core.dist.clip_and_step``; torch AdamW on each rank's shard.
+  Megatron's DDP wrapper and distributed optimizer are not used (they need
+  CUDA for some paths); on GPUs this path runs too but is unchecked there.
+* Weight sync: the ranks of replica 0 gather each bucket over TP
+  (:func:`~rlinf.reasoning.megatron.hf_export.iter_hf_buckets`, HF names);
+  actor rank 0 sends it as a :class:`~rlinf.core.weight_sync.WeightBucket`
+  to every rollout rank (the rollout's receive path and first-sync check are
+  the FSDP path's). Other replicas hold the same weights and send nothing.
+* Checkpoints: one file per model-parallel rank, written by replica 0 (model
+  and optimizer state of the shard; every replica's state is the same), plus
+  each rank's torch RNG, the step, version and scheduler, and a Hugging Face
+  export. Resuming needs the same TP size; any data-parallel size works.
+  ``megatron.core.dist_checkpointing`` is not used yet.
+
+Pipeline parallelism > 1 is refused at config load (not implemented).
+
+Cost: per micro-batch the forward/backward of the shard plus three
+``[B, T]`` all-reduces over TP for the logprobs (two more for the entropy);
+per optimizer step one all-reduce of the gradients over DP and one scalar
+over TP; per weight sync one all-gather per bucket over TP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlinf.core.channel import Channel
+from rlinf.core.protocols.reasoning import RolloutResult
+from rlinf.core.weight_sync import WeightBucket
+from rlinf.reasoning.workers.actor import FSDPActor
+from rlinf.reasoning.workers.batch import Sample, pack_samples
+
+__all__ = ["MegatronActor"]
+
+_CKPT_FORMAT = "rlinf-megatron-v1"
+
+
+class MegatronActor(FSDPActor):
+    """The GRPO actor with Megatron-core tensor parallelism (``actor.training_backend: megatron``).
+
+    Args:
+        cfg: The validated run config.
+        collocated: Whether the actor shares its devices with the rollout.
+    """
+
+    # ------------------------------------------------------------------ setup
+    def _build_models(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        from rlinf.reasoning.megatron.model import build_gpt_model, init_model_parallel
+
+        cfg = self.cfg
+        parallel = cfg.actor.model
+        tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+        if self.world_size % (tp * pp):
+            raise ValueError(
+                f"actor.model.tensor_model_parallel_size={tp} * pipeline_model_parallel_size="
+                f"{pp} does not divide the {self.world_size} actor ranks; place a multiple of "
+                f"{tp * pp} actor ranks (cluster.component_placement.actor)"
+            )
+        init_model_parallel(tp, pp, seed=cfg.runner.seed)
+        self.tp_size = tp
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self._mp_group = ps.get_model_parallel_group()
+        self._mp_rank = dist.get_rank(self._mp_group)
+        self._mp_src = dist.get_global_rank(self._mp_group, 0)
+        self._dp = ps.get_data_parallel_group()
+        built = build_gpt_model(cfg.actor.model_path, params_dtype=self.dtype)
+        self._check_positions(built.arch.max_position_embeddings)
+        self.built = built
+        self.model = built.model
+        if cfg.needs_ref_model:
+            ref = build_gpt_model(cfg.actor.model_path, params_dtype=self.dtype).model
+            ref.requires_grad_(False)
+            ref.eval()
+            self.ref_model = ref
+        config = json.loads((Path(cfg.actor.model_path) / "config.json").read_text())
+        self.pad_token_id = int(config.get("pad_token_id") or 0)
+
+    # ------------------------------------------------------------ data parallel
+    @property
+    def dp_rank(self) -> int:
+        """This rank's replica (Megatron's data-parallel rank)."""
+        return int(dist.get_rank(self._dp))
+
+    @property
+    def dp_size(self) -> int:
+        """Replicas: actor ranks / (TP * PP)."""
+        return int(dist.get_world_size(self._dp))
+
+    @property
+    def _dp_group(self) -> dist.ProcessGroup | None:
+        return self._dp
+
+    @property
+    def _reports_data(self) -> bool:
+        return self._mp_rank == 0
+
+    def _receive_group(self, channel: Channel, timeout: float) -> RolloutResult:
+        if dist.get_world_size(self._mp_group) == 1:
+            return super()._receive_group(channel, timeout)
+        box: list[Any] = [None]
+        if self._mp_rank == 0:
+            box[0] = channel.get(timeout=timeout)
+        dist.broadcast_object_list(box, src=self._mp_src, group=self._mp_group)
+        item: RolloutResult = box[0]
+        return item
+
+    # ------------------------------------------------------------------ forward
+    def _forward_logprobs(
+        self, model: nn.Module, samples: list[Sample], *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        from rlinf.reasoning.megatron.forward import (
+            gpt_logits,
+            vocab_parallel_entropy,
+            vocab_parallel_token_logprobs,
+        )
+
+        packed = pack_samples(
+            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
+        ).to(self.device)
+        start = packed.response_start
+        logits = gpt_logits(model, packed.input_ids, packed.attention_mask)
+        scoring = logits[:, start - 1 : -1]  # positions [P - 1, T - 1) score tokens [P, T)
+        vocab = self.built.arch.vocab_size
+        mask = packed.response_mask
+        lp = vocab_parallel_token_logprobs(
+            scoring, packed.input_ids[:, start:], vocab, self.temperature
+        )
+        lp = lp * mask.to(lp.dtype)
+        ent = None
+        if with_entropy:
+            ent = vocab_parallel_entropy(scoring, vocab, self.temperature) * mask.to(lp.dtype)
+        return lp, ent, mask
+
+    # ------------------------------------------------------------------ optimizer
+    def _optimizer_step(self) -> tuple[dict[str, float], bool]:
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:  # every rank all-reduces the same buffers
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.dp_size > 1:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self._dp)
+            flat /= self.dp_size
+            for g, synced in zip(
+                grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
+            ):
+                g.copy_(synced)
+        # Squares of TP-sharded grads from every TP rank; replicated ones (norms) once.
+        counted = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p)]
+        square = torch.zeros((), dtype=torch.float32, device=self.device)
+        for g in counted:
+            if g is not None:
+                square += g.detach().float().pow(2).sum()
+        if dist.get_world_size(self._mp_group) > 1:
+            dist.all_reduce(square, group=self._mp_group)
+        norm = float(square.sqrt())
+        clip = self.cfg.actor.optim.clip_grad
+        stepped = torch.isfinite(torch.tensor(norm)).item()
+        if stepped:
+            if clip:  # as torch.nn.utils.clip_grad_norm_: always scale by min(1, coef)
+                coef = min(1.0, clip / (norm + 1e-6))
+                for g in grads:
+                    g.mul_(coef)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()  # the schedule counts planned steps, skipped ones too
+        self._optim_steps += 1
+        return {"actor/grad_norm": norm, "actor/lr": lr}, bool(stepped)
+
+    # -------------------------------------------------------------- weight sync
+    def _hf_buckets(self, bucket_bytes: int) -> Any:
+        from rlinf.reasoning.megatron.hf_export import iter_hf_buckets
+
+        return iter_hf_buckets(
+            self.model,
+            self.built.arch,
+            bucket_bytes=bucket_bytes,
+            tp_size=self.tp_size,
+            tp_group=self.tp_group,
+        )
+
+    def _send_weights(
+        self, version: int, cap_bytes: int, send: Callable[[WeightBucket], None] | None
+    ) -> tuple[int, int, int]:
+        """Replica 0 gathers each bucket over TP; rank 0 (its first rank) sends it.
+
+        Returns:
+            ``(buckets, bytes, tensors)``; zeros on the other replicas.
+        """
+        from rlinf.reasoning.megatron.hf_export import count_hf_buckets
+
+        if self.dp_rank != 0:
+            return 0, 0, 0
+        count = count_hf_buckets(
+            self.model, self.built.arch, bucket_bytes=cap_bytes, tp_size=self.tp_size
+        )
+        total = tensors = 0
+        with torch.no_grad():
+            for index, bucket in enumerate(self._hf_buckets(cap_bytes)):
+                total += sum(t.numel() * t.element_size() for _, t in bucket)
+                tensors += len(bucket)
+                if send is not None:
+                    cpu = [(n, t.to("cpu", copy=True)) for n, t in bucket]
+                    send(WeightBucket(version, index, count, cpu))
+        return count, total, tensors
+
+    def full_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full HF-named weights as CPU tensors; every rank must call it (tests/tools)."""
+        was_offloaded = self._offloaded
+        self.onload()
+        with torch.no_grad():
+            out = [
+                (n, t.detach().cpu().clone())
+                for bucket in self._hf_buckets(256 << 20)
+                for n, t in bucket
+            ]
+        if was_offloaded:
+            self.offload()
+        return out
+
+    # --------------------------------------------------------------- checkpoints
+    def _shard_file(self, root: Path) -> Path:
+        from megatron.core import parallel_state as ps
+
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        return root / f"megatron_tp{tp_rank:02d}_pp{pp_rank:02d}.pt"
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        """Writes the shard files, RNG, step and an HF export under ``path/actor``.
+
+        Replica 0 writes one file per model-parallel rank (model and optimizer
+        state of its shard); every rank writes its RNG state; rank 0 writes the
+        step, version, scheduler and ``huggingface/`` (full weights, config).
+
+        Args:
+            path: The ``global_step_N`` directory.
+            step: The global step the state belongs to.
+        """
+        from safetensors.torch import save_file
+
+        root = Path(path) / "actor"
+        root.mkdir(parents=True, exist_ok=True)
+        with self.device_phase(lock=False, offload=self._offload_enabled):
+            if self.dp_rank == 0:
+                torch.save(
+                    {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                    self._shard_file(root),
+                )
+                hf = {n: t.detach().cpu().contiguous().clone() for n, t in self.full_weights()}
+                if self.rank == 0:
+                    out = root / "huggingface"
+                    out.mkdir(exist_ok=True)
+                    save_file(hf, out / "model.safetensors")
+                    for name in ("config.json", "generation_config.json"):
+                        src = Path(self.cfg.actor.model_path) / name
+                        if src.is_file():
+                            shutil.copy(src, out / name)
+            torch.save({"torch": torch.get_rng_state()}, root / f"rng_rank{self.rank:04d}.pt")
+            if self.rank == 0:
+                torch.save(
+                    {
+                        "format": _CKPT_FORMAT,
+                        "step": step,
+                        "version": self.version,
+                        "optim_steps": self._optim_steps,
+                        "scheduler": self.scheduler.state_dict(),
+                        "tensor_model_parallel_size": self.tp_size,
+                    },
+                    root / "megatron_meta.pt",
+                )
+            dist.barrier()
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restores this rank's shard, optimizer, scheduler and RNG from ``path/actor``.
+
+        Any data-parallel size resumes (replicas hold the same state); the RNG
+        is restored where the checkpoint has this rank's.
+
+        Args:
+            path: A ``global_step_N`` directory written by :meth:`save_checkpoint`.
+
+        Returns:
+            The global step of the checkpoint.
+
+        Raises:
+            FileNotFoundError: If the actor state is missing.
+            ValueError: If it was written with another tensor-parallel size.
+        """
+        root = Path(path) / "actor"
+        meta_file = root / "megatron_meta.pt"
+        if not meta_file.is_file():
+            raise FileNotFoundError(
+                f"{meta_file} is missing: {path} holds no Megatron actor checkpoint "
+                "(written with actor.training_backend: fsdp?); check runner.resume_dir"
+            )
+        meta = torch.load(meta_file, weights_only=False)
+        if meta["tensor_model_parallel_size"] != self.tp_size:
+            raise ValueError(
+                f"{path} was saved with actor.model.tensor_model_parallel_size="
+                f"{meta['tensor_model_parallel_size']}, this run has {self.tp_size}; resume "
+                "with the same value (or start from its actor/huggingface export)"
+            )
+        state = torch.load(self._shard_file(root), weights_only=False, map_location=self.device)
+        with self.device_phase(lock=False, offload=self._offload_enabled):
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        rng = root / f"rng_rank{self.rank:04d}.pt"
+        if rng.is_file():
+            torch.set_rng_state(torch.load(rng, weights_only=False)["torch"])
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.version = int(meta["version"])
+        self._optim_steps = int(meta["optim_steps"])
+        return int(meta["step"])
+
+    def teardown(self) -> None:
+        """Destroys Megatron's groups and the process group, then releases channels."""
+        from megatron.core import parallel_state as ps
+
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+        super().teardown()
