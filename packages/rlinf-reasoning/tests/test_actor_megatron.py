@@ -150,7 +150,9 @@ def _child(fn: Any) -> Any:
 
 
 def _run_job(target: Any, nprocs: int, *args: Any) -> None:
-    procs = [CTX.Process(target=target, args=(r, nprocs, *args), daemon=True) for r in range(nprocs)]
+    procs = [
+        CTX.Process(target=target, args=(r, nprocs, *args), daemon=True) for r in range(nprocs)
+    ]
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU (gloo) path, on GPU machines too
     try:
@@ -175,7 +177,7 @@ def _make_actor(rank: int, world: int, cfg: ReasoningConfig, total_steps: int = 
     import rlinf.sched.worker.worker as worker_module
     from rlinf.reasoning.workers import MegatronActor
 
-    worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]
+    setattr(worker_module, "install_resolver", lambda *a, **k: None)  # no Ray  # noqa: B010
     os.environ.update(
         GROUP_NAME="MegatronActor",
         RANK=str(rank),
@@ -257,25 +259,16 @@ def runs(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfgs = {"tp2": _cfg(toy, "megatron", 2), "tp1": _cfg(toy, "megatron", 1)}
     torch.save({"groups": groups, "cfgs": cfgs}, data / "inputs.pt")
     # FSDP, world size 1 (the scheduler's env, no Ray), as test_actor_fsdp.py.
-    saved_env = dict(os.environ)
-    resolver = worker_module.install_resolver
-    worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]
-    os.environ.update(
-        GROUP_NAME="InProcessActor",
-        RANK="0",
-        WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
-    )
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(worker_module, "install_resolver", lambda *a, **k: None)
+        env = {"GROUP_NAME": "InProcessActor", "RANK": "0", "WORLD_SIZE": "1"}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        for key, value in env.items():
+            patch.setenv(key, value)
         fsdp = FSDPActor(_cfg(toy, "fsdp"))
         fsdp.init_worker(4)
         ref = {"step0": _step(fsdp, groups, 0), "step1": _step(fsdp, groups, 1)}
         fsdp.teardown()
-    finally:
-        worker_module.install_resolver = resolver  # type: ignore[assignment]
-        os.environ.clear()
-        os.environ.update(saved_env)
     _run_job(_job, 2, [_free_port() for _ in range(3)], str(data))
     _run_job(_job, 1, [], str(data))
     out: dict[str, Any] = {"fsdp": ref, "groups": groups, "data": data}

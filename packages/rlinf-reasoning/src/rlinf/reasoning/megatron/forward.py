@@ -24,8 +24,8 @@ entropy) and never materialise the full vocabulary.
 from __future__ import annotations
 
 import torch
-from megatron.core import parallel_state as ps
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel import (
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
@@ -171,15 +171,13 @@ def vocab_parallel_entropy(
     with torch.no_grad():
         top = x.max(dim=-1, keepdim=True).values
         if ps.get_tensor_model_parallel_world_size() > 1:
-            dist.all_reduce(
-                top, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group()
-            )
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
     z = (x - top).masked_fill(padded, 0.0)  # finite everywhere: no 0 * inf
     e = torch.exp(z).masked_fill(padded, 0.0)
     # Both sums are reduced before they are combined, so everything after the
     # reductions is the same on every rank and the identity backward is exact
     # (normalising the local terms by the global sum first would drop the other
     # ranks' terms from the gradient through that sum).
-    total = reduce_from_tensor_model_parallel_region(e.sum(dim=-1))
-    weighted = reduce_from_tensor_model_parallel_region((e * z).sum(dim=-1))
+    total: torch.Tensor = reduce_from_tensor_model_parallel_region(e.sum(dim=-1))
+    weighted: torch.Tensor = reduce_from_tensor_model_parallel_region((e * z).sum(dim=-1))
     return torch.log(total) - weighted / total

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from megatron.core import parallel_state as ps
-from torch import nn
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
+from torch import nn
 
 from rlinf.reasoning.megatron.cpu_shims import apply_cpu_shims
 from rlinf.reasoning.megatron.hf_config import (

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlinf.reasoning.workers.actor import FSDPActor
-    from rlinf.reasoning.workers.megatron_actor import MegatronActor
     from rlinf.reasoning.workers.batch import PackedBatch, Sample, pack_samples, pad_rows
     from rlinf.reasoning.workers.common import WeightBucket, load_tokenizer
+    from rlinf.reasoning.workers.megatron_actor import MegatronActor
     from rlinf.reasoning.workers.reward import RewardWorker
     from rlinf.reasoning.workers.rollout import RolloutWorker
 

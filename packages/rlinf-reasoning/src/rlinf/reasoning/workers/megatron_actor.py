@@ -120,7 +120,8 @@ class MegatronActor(FSDPActor):
 
     @property
     def _dp_group(self) -> dist.ProcessGroup | None:
-        return self._dp
+        group: dist.ProcessGroup = self._dp
+        return group
 
     @property
     def _reports_data(self) -> bool:
@@ -173,20 +174,19 @@ class MegatronActor(FSDPActor):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params if p.grad is not None]
-        if self.dp_size > 1:
-            flat = torch._utils._flatten_dense_tensors(grads)
+        if self.dp_size > 1:  # one coalesced all-reduce: the mean over the replicas
+            flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self._dp)
             flat /= self.dp_size
-            for g, synced in zip(
-                grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
-            ):
-                g.copy_(synced)
+            start = 0
+            for g in grads:
+                g.copy_(flat[start : start + g.numel()].view_as(g))
+                start += g.numel()
         # Squares of TP-sharded grads from every TP rank; replicated ones (norms) once.
-        counted = [p.grad for p in params if param_is_not_tensor_parallel_duplicate(p)]
         square = torch.zeros((), dtype=torch.float32, device=self.device)
-        for g in counted:
-            if g is not None:
-                square += g.detach().float().pow(2).sum()
+        for p in params:
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+                square += p.grad.detach().float().pow(2).sum()
         if dist.get_world_size(self._mp_group) > 1:
             dist.all_reduce(square, group=self._mp_group)
         norm = float(square.sqrt())
