@@ -413,3 +413,56 @@ def test_missing_megatron_names_the_extra(toy: Path, monkeypatch: pytest.MonkeyP
     )
     with pytest.raises(ConfigError, match=r'pip install "rlinf-reasoning\[megatron\]"'):
         validate_config(_raw_cfg(toy, "megatron"), ReasoningConfig)
+
+
+# ------------------------------------------------------------------ CUDA (one GPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tp1_step_sync_and_resume_equal_fsdp(
+    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One GPU, NCCL world of one: the Megatron actor's CUDA path (no CPU shims)."""
+    import rlinf.sched.worker.worker as worker_module
+    from rlinf.reasoning.workers import FSDPActor, MegatronActor
+
+    monkeypatch.setattr(worker_module, "install_resolver", lambda *a, **k: None)
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    groups = _groups(toy)
+    out: dict[str, Any] = {}
+    for backend, cls in (("fsdp", FSDPActor), ("megatron", MegatronActor)):
+        monkeypatch.setenv("GROUP_NAME", f"Cuda{backend}")
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        actor = cls(_cfg(toy, backend))
+        actor.init_worker(4)
+        try:
+            assert actor.device.type == "cuda"
+            out[backend] = _step(actor, groups, 0)
+            if backend == "megatron":
+                sent: list[Any] = []
+                actor._send_weights(1, 32 << 10, sent.append)
+                weights = dict(out[backend]["weights"])
+                for bucket in sent:
+                    for name, tensor in bucket.tensors:
+                        assert tensor.device.type == "cpu"
+                        assert torch.equal(tensor, weights[name]), name
+                actor.save_checkpoint(str(tmp_path / "global_step_1"), 1)
+                after = _step(actor, groups, 1)
+                assert actor.load_checkpoint(str(tmp_path / "global_step_1")) == 1
+                again = _step(actor, groups, 1)
+                for key in METRICS:
+                    assert again["train"][key] == after["train"][key], key
+        finally:
+            actor.teardown()
+    for key in METRICS:
+        diff = abs(float(out["megatron"]["train"][key]) - float(out["fsdp"]["train"][key]))
+        print(f"\nCUDA TP=1 {key}: |megatron - fsdp| = {diff:.2e}")
+        assert diff < 1e-5, key
+    diff = _max_diff(out["megatron"]["weights"], out["fsdp"]["weights"])
+    print(f"CUDA TP=1: max |weights megatron - fsdp| after the step = {diff:.2e}")
+    assert diff < WEIGHT_TOL
