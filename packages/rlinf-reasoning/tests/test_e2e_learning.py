@@ -38,6 +38,18 @@ TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
+    _learn(tmp_path, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_megatron_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
+    """The same run with the Megatron actor (TP = 1 on the actor's one CPU slot)."""
+    pytest.importorskip("megatron.core")
+    _learn(tmp_path, ["actor.training_backend=megatron"])
+
+
+def _learn(tmp_path: Path, overrides: list[str]) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     task = make_toy_task(tmp_path / "toy", TASK)
@@ -53,6 +65,7 @@ def test_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
             f"runner.max_steps={STEP_BUDGET}",
             "runner.save_interval=-1",
             f"runner.logger.log_path={tmp_path}/logs",
+            *overrides,
         ],
         ReasoningConfig,
     )
@@ -77,7 +90,8 @@ def test_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
     warm = evals[0][1]
     final = evals[-1][1]
     print(
-        f"\nwarm start (make_toy_task, greedy): {task.accuracy:.3f}; eval/accuracy by step: "
+        f"\n{overrides or 'fsdp'}: warm start (make_toy_task, greedy): {task.accuracy:.3f}; "
+        "eval/accuracy by step: "
         f"{[(s, round(a, 3)) for s, a in evals]}"
         f"\nheld-out accuracy {warm:.3f} -> {final:.3f} (+{100 * (final - warm):.1f} points) in "
         f"{STEP_BUDGET} steps; training {train_time:.0f}s, "
