@@ -65,7 +65,7 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _raw_cfg(toy: Path, backend: str, tp: int = 1) -> dict[str, Any]:
+def _raw_cfg(toy: Path, backend: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
     return {
         "cluster": {"component_placement": {"actor": 0, "rollout": 0, "reward": 0}},
         "runner": {"val_before_train": False, "logger": {"logger_backends": []}},
@@ -89,7 +89,7 @@ def _raw_cfg(toy: Path, backend: str, tp: int = 1) -> dict[str, Any]:
         },
         "actor": {
             "training_backend": backend,
-            "model": {"tensor_model_parallel_size": tp},
+            "model": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
             "model_path": str(toy / "warmstart"),
             "micro_batch_size": 8,
             "sync_bucket_mb": 0.05,
@@ -98,8 +98,8 @@ def _raw_cfg(toy: Path, backend: str, tp: int = 1) -> dict[str, Any]:
     }
 
 
-def _cfg(toy: Path, backend: str, tp: int = 1) -> ReasoningConfig:
-    return validate_config(_raw_cfg(toy, backend, tp), ReasoningConfig)
+def _cfg(toy: Path, backend: str, tp: int = 1, pp: int = 1) -> ReasoningConfig:
+    return validate_config(_raw_cfg(toy, backend, tp, pp), ReasoningConfig)
 
 
 def _groups(toy: Path) -> list[RolloutResult]:
@@ -236,6 +236,14 @@ def _job_body(rank: int, world: int, ports: list[int], data: str) -> None:
         actor.save_checkpoint(str(Path(data) / "ckpt_dp2" / "global_step_1"), 1)
         results["dp2/step1"] = _step(actor, share, 1)
         actor.teardown()
+        # PP=2 (TP=1, DP=1): step 0 and the weight sync's buckets.
+        os.environ["TEST_PORT"] = str(ports[3])
+        actor = _make_actor(rank, world, cfgs["pp2"])
+        results["pp2/step0"] = _step(actor, groups, 0)
+        sent = []
+        info = actor._send_weights(4, 32 << 10, sent.append if rank == 0 else None)
+        results["pp2/sync"] = {"buckets": sent, "info": info}
+        actor.teardown()
     else:
         # DP=1 resumes the DP=2 checkpoint.
         actor = _make_actor(rank, world, cfgs["tp1"])
@@ -256,7 +264,11 @@ def runs(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     data = tmp_path_factory.mktemp("megatron_actor")
     groups = _groups(toy)
-    cfgs = {"tp2": _cfg(toy, "megatron", 2), "tp1": _cfg(toy, "megatron", 1)}
+    cfgs = {
+        "tp2": _cfg(toy, "megatron", 2),
+        "tp1": _cfg(toy, "megatron", 1),
+        "pp2": _cfg(toy, "megatron", 1, 2),
+    }
     torch.save({"groups": groups, "cfgs": cfgs}, data / "inputs.pt")
     # FSDP, world size 1 (the scheduler's env, no Ray), as test_actor_fsdp.py.
     with pytest.MonkeyPatch.context() as patch:
@@ -269,7 +281,7 @@ def runs(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         fsdp.init_worker(4)
         ref = {"step0": _step(fsdp, groups, 0), "step1": _step(fsdp, groups, 1)}
         fsdp.teardown()
-    _run_job(_job, 2, [_free_port() for _ in range(3)], str(data))
+    _run_job(_job, 2, [_free_port() for _ in range(4)], str(data))
     _run_job(_job, 1, [], str(data))
     out: dict[str, Any] = {"fsdp": ref, "groups": groups, "data": data}
     for world, ranks in ((2, (0, 1)), (1, (0,))):
@@ -323,6 +335,31 @@ def test_dp2_step_equals_fsdp(runs: dict[str, Any]) -> None:
         diff = _max_diff(part["weights"], ref["weights"])
         print(f"TP=1 DP=2: max |weights megatron - fsdp| after the step = {diff:.2e}")
         assert diff < WEIGHT_TOL
+
+
+def test_pp2_step_equals_fsdp_and_syncs_every_stage(runs: dict[str, Any], toy: Path) -> None:
+    ref = runs["fsdp"]["step0"]
+    for rank in (0, 1):  # both stages report the last stage's metrics
+        got = runs[f"w2_r{rank}"]["pp2/step0"]
+        for key in METRICS:
+            diff = abs(float(got["train"][key]) - float(ref["train"][key]))
+            print(f"\nPP=2 stage {rank} {key}: |megatron - fsdp| = {diff:.2e}")
+            assert diff < 1e-5, key
+        diff = _max_diff(got["weights"], ref["weights"])
+        print(f"PP=2 stage {rank}: max |weights megatron - fsdp| after the step = {diff:.2e}")
+        assert diff < WEIGHT_TOL
+    assert sorted(runs["w2_r0"]["pp2/step0"]["indices"]) == [0, 1, 2, 3]
+    assert runs["w2_r1"]["pp2/step0"]["indices"] == []
+    buckets = runs["w2_r0"]["pp2/sync"]["buckets"]
+    assert [b.index for b in buckets] == list(range(buckets[0].count))
+    sent = dict((n, t) for b in buckets for n, t in b.tensors)
+    actor = dict(runs["w2_r0"]["pp2/step0"]["weights"])
+    assert sent.keys() == actor.keys()  # both stages' layers reach rank 0
+    assert all(torch.equal(sent[n], actor[n]) for n in actor)
+    engine = HFEngine(toy / "warmstart", dtype="float32", device="cpu")
+    for b in buckets:
+        engine.load_weights(b.tensors, version=b.version)
+    assert engine.weights_max_abs_diff(list(actor.items())) == 0.0
 
 
 def test_weight_sync_buckets_equal_the_actor_and_load_into_the_engine(
@@ -382,10 +419,6 @@ def test_resume_at_another_data_parallel_size(runs: dict[str, Any]) -> None:
 
 def test_config_errors_name_the_key(toy: Path) -> None:
     raw = _raw_cfg(toy, "megatron")
-    raw["actor"]["model"]["pipeline_model_parallel_size"] = 2
-    with pytest.raises(ConfigError, match=r"actor\.model\.pipeline_model_parallel_size=2"):
-        validate_config(raw, ReasoningConfig)
-    raw = _raw_cfg(toy, "megatron")
     raw["actor"]["gradient_checkpointing"] = True
     with pytest.raises(ConfigError, match=r"actor\.gradient_checkpointing=true"):
         validate_config(raw, ReasoningConfig)
@@ -399,6 +432,8 @@ def test_config_errors_name_the_key(toy: Path) -> None:
     with pytest.raises(ValueError, match=r"actor data-parallel ranks \(3\)"):
         _cfg(toy, "megatron", tp=1).check_world_sizes(actor=3, rollout=1, reward=1)
     cfg.check_world_sizes(actor=2, rollout=1, reward=1)  # one replica of TP=2
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size \(2\) = 4"):
+        _cfg(toy, "megatron", tp=2, pp=2).check_world_sizes(actor=6, rollout=1, reward=1)
     _cfg(toy, "fsdp", tp=2).check_world_sizes(actor=1, rollout=1, reward=1)  # FSDP ignores it
 
 

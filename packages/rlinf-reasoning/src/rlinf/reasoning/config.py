@@ -376,19 +376,11 @@ class ActorModelConfig(RLinfModel):
         1, ge=1, description="Megatron tensor-parallel size (splits heads and the vocabulary)."
     )
     pipeline_model_parallel_size: int = Field(
-        1, ge=1, description="Megatron pipeline-parallel size (only 1 is implemented)."
+        1,
+        ge=1,
+        description="Megatron pipeline-parallel size (splits the layers; each micro-batch "
+        "runs through the stages alone, without overlap).",
     )
-
-    @field_validator("pipeline_model_parallel_size")
-    @classmethod
-    def _check_pp(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(
-                f"actor.model.pipeline_model_parallel_size={value}: the Megatron actor trains "
-                "with pipeline parallelism 1 only in this release; set it to 1 and use "
-                "actor.model.tensor_model_parallel_size to split the model"
-            )
-        return value
 
 
 class ActorConfig(RLinfModel):

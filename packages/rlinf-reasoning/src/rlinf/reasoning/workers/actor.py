@@ -578,9 +578,21 @@ class FSDPActor(Worker):
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
     ) -> dict[str, Any]:
         """Forward, loss and backward of one micro-batch; metrics as 0-d tensors (no sync)."""
-        alg = self.cfg.algorithm
-        want_entropy = alg.entropy_bonus > 0
+        want_entropy = self.cfg.algorithm.entropy_bonus > 0
         lp, ent, mask = self._forward_logprobs(self.model, batch, with_entropy=want_entropy)
+        loss, out = self._micro_loss(batch, lp, ent, mask)
+        (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
+        return out
+
+    def _micro_loss(
+        self,
+        batch: list[Sample],
+        lp: torch.Tensor,
+        ent: torch.Tensor | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The micro-batch's loss (before scaling) and metrics from its logprobs and entropy."""
+        alg = self.cfg.algorithm
         width = mask.shape[1]
         old = pad_rows([s.old_logprobs for s in batch], width).to(self.device)
         adv = pad_rows([s.advantages for s in batch], width).to(self.device)
@@ -618,14 +630,13 @@ class FSDPActor(Worker):
             out["actor/early_stopped"] = float(stop)
             if stop:  # still backward (zero gradient): every rank runs the same collectives
                 loss = loss * 0.0
-        (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
         out["actor/final_loss"] = loss.detach()
         with torch.no_grad():
             diff = (old - rollout_lp).abs()
             out["actor/rollout_train_kl"] = masked_mean(diff, mask)
             # diff >= 0, so a masked max with 0 fill is also right for an empty mask
             out["actor/logprob_diff_max"] = torch.where(mask.bool(), diff, 0.0).max()
-        return out
+        return loss, out
 
     def _optimizer_step(self) -> tuple[dict[str, float], bool]:
         lr = float(self.optimizer.param_groups[0]["lr"])

@@ -95,6 +95,11 @@ class MegatronActor(FSDPActor):
         self._mp_rank = dist.get_rank(self._mp_group)
         self._mp_src = dist.get_global_rank(self._mp_group, 0)
         self._dp = ps.get_data_parallel_group()
+        self.pp_size = pp
+        self._pp_group = ps.get_pipeline_model_parallel_group()
+        self._pp_rank = ps.get_pipeline_model_parallel_rank()
+        self._last_stage = ps.is_pipeline_last_stage()
+        self._last_src = dist.get_global_rank(self._pp_group, pp - 1)
         built = build_gpt_model(cfg.actor.model_path, params_dtype=self.dtype)
         self._check_positions(built.arch.max_position_embeddings)
         self.built = built
@@ -141,28 +146,130 @@ class MegatronActor(FSDPActor):
     def _forward_logprobs(
         self, model: nn.Module, samples: list[Sample], *, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        from rlinf.reasoning.megatron.forward import (
-            gpt_logits,
-            vocab_parallel_entropy,
-            vocab_parallel_token_logprobs,
-        )
+        from rlinf.reasoning.megatron.forward import gpt_logits
 
+        if self.pp_size > 1:
+            raise RuntimeError("with pipeline parallelism forward passes go through _pipeline")
         packed = pack_samples(
             [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
         ).to(self.device)
         start = packed.response_start
         logits = gpt_logits(model, packed.input_ids, packed.attention_mask)
         scoring = logits[:, start - 1 : -1]  # positions [P - 1, T - 1) score tokens [P, T)
-        vocab = self.built.arch.vocab_size
         mask = packed.response_mask
-        lp = vocab_parallel_token_logprobs(
-            scoring, packed.input_ids[:, start:], vocab, self.temperature
-        )
-        lp = lp * mask.to(lp.dtype)
-        ent = None
-        if with_entropy:
-            ent = vocab_parallel_entropy(scoring, vocab, self.temperature) * mask.to(lp.dtype)
+        lp, ent = self._token_stats(scoring, packed.input_ids[:, start:], mask, with_entropy)
         return lp, ent, mask
+
+    # ------------------------------------------------------------ pipeline (PP > 1)
+    def _pipeline(
+        self,
+        model: nn.Module,
+        samples: list[Sample],
+        compute: Callable[
+            [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]
+        ],
+        *,
+        forward_only: bool,
+    ) -> dict[str, Any]:
+        """One micro-batch through Megatron's pipeline schedule; ``compute``'s results.
+
+        ``compute(scoring_logits, response_ids, response_mask)`` runs on the last
+        stage and returns the loss to backpropagate and a dict, which is
+        broadcast to every stage of the pipeline group.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from rlinf.reasoning.megatron.forward import pack_left, unpack_left
+
+        packed = pack_samples(
+            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
+        ).to(self.device)
+        ids, mask, start = packed.input_ids, packed.attention_mask, packed.response_start
+        result: dict[str, Any] = {}
+
+        def forward_step(_: Any, stage: nn.Module) -> Any:
+            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+            output = stage(pack_left(ids, mask), positions, attention_mask=None)
+
+            def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+                scoring = unpack_left(logits, mask)[:, start - 1 : -1]
+                loss, extra = compute(scoring, ids[:, start:], packed.response_mask)
+                result.update(extra)
+                return loss, {}
+
+            return output, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=model,
+            num_microbatches=1,
+            seq_length=ids.shape[1],
+            micro_batch_size=ids.shape[0],
+            forward_only=forward_only,
+        )
+        box: list[Any] = [result if self._last_stage else None]
+        dist.broadcast_object_list(box, src=self._last_src, group=self._pp_group)
+        out: dict[str, Any] = box[0]
+        return out
+
+    def _token_stats(
+        self, scoring: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from rlinf.reasoning.megatron.forward import (
+            vocab_parallel_entropy,
+            vocab_parallel_token_logprobs,
+        )
+
+        vocab = self.built.arch.vocab_size
+        m = mask.to(torch.float32)
+        lp = vocab_parallel_token_logprobs(scoring, tokens, vocab, self.temperature) * m
+        ent = vocab_parallel_entropy(scoring, vocab, self.temperature) * m if entropy else None
+        return lp, ent
+
+    def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
+        if self.pp_size == 1:
+            return super()._no_grad_logprobs(model, samples)
+        size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
+        out: list[torch.Tensor] = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for i in range(0, len(samples), size):
+                    chunk = samples[i : i + size]
+
+                    def compute(
+                        scoring: torch.Tensor,
+                        tokens: torch.Tensor,
+                        mask: torch.Tensor,
+                        chunk: list[Sample] = chunk,
+                    ) -> tuple[torch.Tensor, dict[str, Any]]:
+                        lp, _ = self._token_stats(scoring, tokens, mask, entropy=False)
+                        rows = [lp[k, : s.response_length].cpu() for k, s in enumerate(chunk)]
+                        return lp.sum() * 0.0, {"rows": rows}
+
+                    out += self._pipeline(model, chunk, compute, forward_only=True)["rows"]
+        finally:
+            model.train(was_training)
+        return out
+
+    def _micro_step(
+        self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
+    ) -> dict[str, Any]:
+        if self.pp_size == 1:
+            return super()._micro_step(batch, n_micro, loss_scale)
+        want_entropy = self.cfg.algorithm.entropy_bonus > 0
+
+        def compute(
+            scoring: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, Any]]:
+            lp, ent = self._token_stats(scoring, tokens, mask, entropy=want_entropy)
+            loss, metrics = self._micro_loss(batch, lp, ent, mask)
+            return loss * loss_scale / n_micro, {"metrics": metrics}
+
+        out: dict[str, Any] = self._pipeline(self.model, batch, compute, forward_only=False)
+        return dict(out["metrics"])
 
     # ------------------------------------------------------------------ optimizer
     def _optimizer_step(self) -> tuple[dict[str, float], bool]:
@@ -173,6 +280,17 @@ class MegatronActor(FSDPActor):
         for p in params:  # every rank all-reduces the same buffers
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.pp_size > 1 and self.built.arch.tie_word_embeddings:
+            # The first stage's embedding and the last stage's output layer are one
+            # weight: sum their gradients (Megatron's finalize_model_grads does this).
+            from megatron.core import parallel_state as ps
+
+            group = ps.get_embedding_group()
+            if self.rank in dist.get_process_group_ranks(group):
+                gpt: Any = self.model
+                weight = gpt.shared_embedding_or_output_weight()
+                if weight.grad is not None:
+                    dist.all_reduce(weight.grad, group=group)
         grads = [p.grad for p in params if p.grad is not None]
         if self.dp_size > 1:  # one coalesced all-reduce: the mean over the replicas
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -182,10 +300,12 @@ class MegatronActor(FSDPActor):
             for g in grads:
                 g.copy_(flat[start : start + g.numel()].view_as(g))
                 start += g.numel()
-        # Squares of TP-sharded grads from every TP rank; replicated ones (norms) once.
+        # Squares of TP-sharded grads from every TP rank; replicated ones (norms) once;
+        # the last stage's copy of a tied embedding not at all (the first stage counts it).
         square = torch.zeros((), dtype=torch.float32, device=self.device)
         for p in params:
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+            shared = getattr(p, "shared", False)
+            if p.grad is not None and not shared and param_is_not_tensor_parallel_duplicate(p):
                 square += p.grad.detach().float().pow(2).sum()
         if dist.get_world_size(self._mp_group) > 1:
             dist.all_reduce(square, group=self._mp_group)
@@ -227,17 +347,32 @@ class MegatronActor(FSDPActor):
 
         if self.dp_rank != 0:
             return 0, 0, 0
-        count = count_hf_buckets(
+        local = count_hf_buckets(
             self.model, self.built.arch, bucket_bytes=cap_bytes, tp_size=self.tp_size
         )
-        total = tensors = 0
+        counts = [local]
+        if self.pp_size > 1:  # every stage's bucket count, in stage order
+            every: list[Any] = [None] * self.pp_size
+            dist.all_gather_object(every, local, group=self._pp_group)
+            counts = [int(c) for c in every]
+        count = sum(counts)
+        total = tensors = index = 0
         with torch.no_grad():
-            for index, bucket in enumerate(self._hf_buckets(cap_bytes)):
-                total += sum(t.numel() * t.element_size() for _, t in bucket)
-                tensors += len(bucket)
-                if send is not None:
+            for stage, stage_count in enumerate(counts):
+                mine = self._hf_buckets(cap_bytes) if stage == self._pp_rank else None
+                src = dist.get_global_rank(self._pp_group, stage) if self.pp_size > 1 else 0
+                for _ in range(stage_count):
+                    bucket = [] if mine is None else next(mine)
                     cpu = [(n, t.to("cpu", copy=True)) for n, t in bucket]
-                    send(WeightBucket(version, index, count, cpu))
+                    if self.pp_size > 1:  # stage -> first stage (its rank 0 sends)
+                        box: list[Any] = [cpu]
+                        dist.broadcast_object_list(box, src=src, group=self._pp_group)
+                        cpu = box[0]
+                    total += sum(t.numel() * t.element_size() for _, t in cpu)
+                    tensors += len(cpu)
+                    if send is not None:
+                        send(WeightBucket(version, index, count, cpu))
+                    index += 1
         return count, total, tensors
 
     def full_weights(self) -> list[tuple[str, torch.Tensor]]:
@@ -250,6 +385,10 @@ class MegatronActor(FSDPActor):
                 for bucket in self._hf_buckets(256 << 20)
                 for n, t in bucket
             ]
+            if self.pp_size > 1:  # every stage's layers, in stage order
+                every: list[Any] = [None] * self.pp_size
+                dist.all_gather_object(every, out, group=self._pp_group)
+                out = [item for stage in every for item in stage]
         if was_offloaded:
             self.offload()
         return out
