@@ -1,12 +1,12 @@
-"""``MegatronActor``: the GRPO actor on a Megatron-core GPT model (tensor parallel).
+"""``MegatronActor``: the GRPO actor on a Megatron-core GPT model (tensor/pipeline parallel).
 
 What: the same training step as :class:`~rlinf.reasoning.workers.actor.FSDPActor`
 (its ``run_training`` and loss code are reused as they are) on this rank's
 tensor-parallel shard of the model, built straight from the Hugging Face
 checkpoint (:mod:`rlinf.reasoning.megatron`). The actor ranks split into
-``tp = actor.model.tensor_model_parallel_size`` model-parallel ranks per
-replica and ``world / tp`` data-parallel replicas (Megatron's rank order: TP
-ranks are consecutive).
+``tp * pp`` model-parallel ranks per replica (``actor.model``) and
+``world / (tp * pp)`` data-parallel replicas (Megatron's rank order: TP ranks
+are consecutive).
 
 * Data: each replica takes ``1 / dp`` of the step's prompt groups. Only the
   first rank of a model-parallel group reads the channel; it broadcasts each
@@ -14,10 +14,13 @@ ranks are consecutive).
   group), so all ranks of a replica run the same micro-batches.
 * Forward: :func:`~rlinf.reasoning.megatron.forward.gpt_logits` and the
   vocab-parallel token logprobs and entropy (the full vocabulary is never
-  gathered).
+  gathered). With ``pp > 1`` each micro-batch runs alone through Megatron's
+  pipeline schedule (no overlap between stages); the last stage computes the
+  loss and broadcasts its metrics (and recomputed logprobs) to the others.
 * Optimizer step: gradients are averaged over the data-parallel group (one
   coalesced all-reduce); the norm sums squares of TP-sharded parameters over
-  the TP group and counts replicated ones (norms) once; clip like
+  the model-parallel group and counts replicated ones (norms) and a tied
+  embedding's two pipeline copies once (their gradients are summed); clip like
   ``torch.nn.utils.clip_grad_norm_`` and skip the step on a non-finite norm,
   as ``rlinf.core.dist.clip_and_step``; torch AdamW on each rank's shard.
   Megatron's DDP wrapper and distributed optimizer are not used (they need
@@ -26,14 +29,13 @@ ranks are consecutive).
   (:func:`~rlinf.reasoning.megatron.hf_export.iter_hf_buckets`, HF names);
   actor rank 0 sends it as a :class:`~rlinf.core.weight_sync.WeightBucket`
   to every rollout rank (the rollout's receive path and first-sync check are
-  the FSDP path's). Other replicas hold the same weights and send nothing.
+  the FSDP path's); later pipeline stages pass their buckets to the first
+  stage (one object broadcast per bucket). Other replicas send nothing.
 * Checkpoints: one file per model-parallel rank, written by replica 0 (model
   and optimizer state of the shard; every replica's state is the same), plus
   each rank's torch RNG, the step, version and scheduler, and a Hugging Face
-  export. Resuming needs the same TP size; any data-parallel size works.
-  ``megatron.core.dist_checkpointing`` is not used yet.
-
-Pipeline parallelism > 1 is refused at config load (not implemented).
+  export. Resuming needs the same TP and PP sizes; any data-parallel size
+  works. ``megatron.core.dist_checkpointing`` is not used yet.
 
 Cost: per micro-batch the forward/backward of the shard plus three
 ``[B, T]`` all-reduces over TP for the logprobs (two more for the entropy);
