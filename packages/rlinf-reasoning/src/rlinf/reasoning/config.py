@@ -560,6 +560,8 @@ class ReasoningConfig(RLinfModel):
                 f"place a multiple of {mp} actor ranks or lower the parallel sizes"
             )
         actor //= mp  # data-parallel replicas: the ranks that split the batch
+        megatron = self.actor.training_backend == "megatron"
+        ranks = "actor data-parallel ranks" if megatron else "actor ranks"
         for name, world in (("rollout", rollout), ("reward", reward)):
             if n % world:
                 raise ValueError(
@@ -570,14 +572,13 @@ class ReasoningConfig(RLinfModel):
         if n % (alg.n_minibatches * actor):
             raise ValueError(
                 f"algorithm.rollout_batch_size={n} is not divisible by algorithm.n_minibatches "
-                f"({alg.n_minibatches}) * actor data-parallel ranks ({actor}) = "
-                f"{alg.n_minibatches * actor}: every actor data-parallel rank takes whole "
-                "prompt groups of every minibatch; use a multiple"
+                f"({alg.n_minibatches}) * {ranks} ({actor}) = {alg.n_minibatches * actor}: "
+                f"every {ranks[:-1]} takes whole prompt groups of every minibatch; use a multiple"
             )
         per_rank = n * alg.group_size // (alg.n_minibatches * actor)
         if per_rank % self.actor.micro_batch_size:
             raise ValueError(
                 f"actor.micro_batch_size={self.actor.micro_batch_size} does not divide the "
-                f"{per_rank} responses each of the {actor} actor ranks gets per minibatch; "
+                f"{per_rank} responses each of the {actor} {ranks} gets per minibatch; "
                 "pick a divisor"
             )

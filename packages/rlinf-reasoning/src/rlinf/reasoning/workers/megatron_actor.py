@@ -443,6 +443,7 @@ class MegatronActor(FSDPActor):
                         "optim_steps": self._optim_steps,
                         "scheduler": self.scheduler.state_dict(),
                         "tensor_model_parallel_size": self.tp_size,
+                        "pipeline_model_parallel_size": self.pp_size,
                     },
                     root / "megatron_meta.pt",
                 )
@@ -462,7 +463,7 @@ class MegatronActor(FSDPActor):
 
         Raises:
             FileNotFoundError: If the actor state is missing.
-            ValueError: If it was written with another tensor-parallel size.
+            ValueError: If it was written with another tensor- or pipeline-parallel size.
         """
         root = Path(path) / "actor"
         meta_file = root / "megatron_meta.pt"
@@ -472,12 +473,16 @@ class MegatronActor(FSDPActor):
                 "(written with actor.training_backend: fsdp?); check runner.resume_dir"
             )
         meta = torch.load(meta_file, weights_only=False)
-        if meta["tensor_model_parallel_size"] != self.tp_size:
-            raise ValueError(
-                f"{path} was saved with actor.model.tensor_model_parallel_size="
-                f"{meta['tensor_model_parallel_size']}, this run has {self.tp_size}; resume "
-                "with the same value (or start from its actor/huggingface export)"
-            )
+        for key, value in (
+            ("tensor_model_parallel_size", self.tp_size),
+            ("pipeline_model_parallel_size", self.pp_size),
+        ):
+            if meta[key] != value:
+                raise ValueError(
+                    f"{path} was saved with actor.model.{key}={meta[key]}, this run has "
+                    f"{value}; resume with the same value (or start from the checkpoint's "
+                    "actor/huggingface export as actor.model_path)"
+                )
         state = torch.load(self._shard_file(root), weights_only=False, map_location=self.device)
         with self.device_phase(lock=False, offload=self._offload_enabled):
             self.model.load_state_dict(state["model"])
