@@ -150,8 +150,9 @@ def _child(fn: Any) -> Any:
 
 
 def _run_job(target: Any, nprocs: int, *args: Any) -> None:
+    # Not daemonic: Megatron's checkpoint writer forks writer processes.
     procs = [
-        CTX.Process(target=target, args=(r, nprocs, *args), daemon=True) for r in range(nprocs)
+        CTX.Process(target=target, args=(r, nprocs, *args), daemon=False) for r in range(nprocs)
     ]
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU (gloo) path, on GPU machines too
@@ -236,6 +237,12 @@ def _job_body(rank: int, world: int, ports: list[int], data: str) -> None:
         actor.save_checkpoint(str(Path(data) / "ckpt_dp2" / "global_step_1"), 1)
         results["dp2/step1"] = _step(actor, share, 1)
         actor.teardown()
+        # TP=1, DP=2 resumes the TP=2 checkpoint (dist_checkpointing reshards).
+        os.environ["TEST_PORT"] = str(ports[4])
+        actor = _make_actor(rank, world, cfgs["tp1"])
+        actor.load_checkpoint(str(Path(data) / "ckpt_tp2" / "global_step_1"))
+        results["tp2to1/step1"] = _step(actor, share, 1)
+        actor.teardown()
         # PP=2 (TP=1, DP=1): step 0 and the weight sync's buckets.
         os.environ["TEST_PORT"] = str(ports[3])
         actor = _make_actor(rank, world, cfgs["pp2"])
@@ -281,7 +288,7 @@ def runs(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         fsdp.init_worker(4)
         ref = {"step0": _step(fsdp, groups, 0), "step1": _step(fsdp, groups, 1)}
         fsdp.teardown()
-    _run_job(_job, 2, [_free_port() for _ in range(4)], str(data))
+    _run_job(_job, 2, [_free_port() for _ in range(5)], str(data))
     _run_job(_job, 1, [], str(data))
     out: dict[str, Any] = {"fsdp": ref, "groups": groups, "data": data}
     for world, ranks in ((2, (0, 1)), (1, (0,))):
@@ -400,6 +407,18 @@ def test_resume_gives_the_uninterrupted_next_step(runs: dict[str, Any]) -> None:
     tp2 = runs["w2_r0"]["tp2/step1"]
     for key in METRICS:
         assert abs(float(tp2["train"][key]) - float(ref["train"][key])) < 1e-5, key
+
+
+def test_resume_at_another_tensor_parallel_size(runs: dict[str, Any]) -> None:
+    want = runs["w2_r0"]["tp2/step1"]
+    parts = [runs[f"w2_r{r}"]["tp2to1/step1"] for r in (0, 1)]
+    for key in METRICS:
+        diff = abs(_mean_train(parts, key) - float(want["train"][key]))
+        print(f"\nTP=2 -> TP=1 (DP=2) resume, {key}: difference {diff:.2e}")
+        assert diff < 1e-5, key
+    diff = _max_diff(parts[0]["weights"], want["weights"])
+    print(f"TP=2 -> TP=1 resume: max |weights| difference after the step = {diff:.2e}")
+    assert diff < WEIGHT_TOL
 
 
 def test_resume_at_another_data_parallel_size(runs: dict[str, Any]) -> None:

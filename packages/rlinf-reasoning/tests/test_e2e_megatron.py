@@ -108,8 +108,8 @@ def test_megatron_tp2_trains_syncs_and_resumes(toy: Path, tmp_path: Path) -> Non
         assert all(m["rollout/num_groups"] == 8 for m in full.metrics_history)
         assert all(m["actor/grad_norm"] > 0 for m in full.metrics_history)
         ckpt = full.checkpoint_root / "global_step_2"
-        assert (ckpt / "actor" / "megatron_tp00_pp00.pt").is_file()
-        assert (ckpt / "actor" / "megatron_tp01_pp00.pt").is_file()
+        assert (ckpt / "actor" / "dist" / "metadata.json").is_file()  # dist_checkpointing
+        assert (ckpt / "actor" / "megatron_meta.pt").is_file()
         assert (ckpt / "actor" / "huggingface" / "model.safetensors").is_file()
 
         resumed_cfg = _cfg(toy, tmp_path / "logs", "resumed")

@@ -31,11 +31,12 @@ are consecutive).
   to every rollout rank (the rollout's receive path and first-sync check are
   the FSDP path's); later pipeline stages pass their buckets to the first
   stage (one object broadcast per bucket). Other replicas send nothing.
-* Checkpoints: one file per model-parallel rank, written by replica 0 (model
-  and optimizer state of the shard; every replica's state is the same), plus
-  each rank's torch RNG, the step, version and scheduler, and a Hugging Face
-  export. Resuming needs the same TP and PP sizes; any data-parallel size
-  works. ``megatron.core.dist_checkpointing`` is not used yet.
+* Checkpoints: ``megatron.core.dist_checkpointing`` of the model and of
+  AdamW's moments (sharded like their parameters, written once by replica
+  0), plus each rank's torch RNG, the step, version, scheduler and AdamW's
+  step count, and a Hugging Face export. It reshards on load: another
+  data-parallel or tensor-parallel size resumes (checked: TP 2 -> 1 and
+  DP 2 -> 1; another PP size is unchecked).
 
 Cost: per micro-batch the forward/backward of the shard plus three
 ``[B, T]`` all-reduces over TP for the logprobs (two more for the entropy);
@@ -396,34 +397,64 @@ class MegatronActor(FSDPActor):
         return out
 
     # --------------------------------------------------------------- checkpoints
-    def _shard_file(self, root: Path) -> Path:
-        from megatron.core import parallel_state as ps
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model and optimizer as Megatron sharded state (``dist_checkpointing``).
 
-        tp_rank = ps.get_tensor_model_parallel_rank()
-        pp_rank = ps.get_pipeline_model_parallel_rank()
-        return root / f"megatron_tp{tp_rank:02d}_pp{pp_rank:02d}.pt"
+        The optimizer's per-parameter tensors (AdamW's moments) get the sharding
+        of their parameter, so they reshard with it; the per-parameter step
+        count is saved apart (the meta file).
+        """
+        from megatron.core.dist_checkpointing.optimizer import (
+            get_param_id_to_sharded_param_map,
+            optim_state_to_sharding_state,
+        )
+
+        gpt: Any = self.model
+        model = gpt.sharded_state_dict()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        optim = self.optimizer.state_dict()
+        ids = get_param_id_to_sharded_param_map(model, params)
+        optim_state_to_sharding_state(optim, ids, exclude_keys=("step",))
+        return {"model": model, "optimizer": optim}
+
+    def _adam_step(self) -> float:
+        """AdamW's per-parameter step count (the updates taken; 0 before the first)."""
+        for state in self.optimizer.state.values():
+            return float(state["step"])
+        return 0.0
+
+    def _init_optimizer_state(self, step: float) -> None:
+        """Creates AdamW's state (zero moments, ``step``) so a checkpoint can be loaded into it."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                self.optimizer.state[p] = {
+                    "step": torch.tensor(step, dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        """Writes the shard files, RNG, step and an HF export under ``path/actor``.
+        """Writes model and optimizer (``dist_checkpointing``), RNG, step and an HF export.
 
-        Replica 0 writes one file per model-parallel rank (model and optimizer
-        state of its shard); every rank writes its RNG state; rank 0 writes the
-        step, version, scheduler and ``huggingface/`` (full weights, config).
+        Under ``path/actor``: ``dist/`` (Megatron's sharded checkpoint of the
+        model and the AdamW moments: each shard written once, by replica 0),
+        ``rng_rankNNNN.pt`` (each rank's torch RNG), ``megatron_meta.pt`` (step,
+        version, scheduler, AdamW's step count, parallel sizes) and
+        ``huggingface/`` (full weights and the model config, rank 0).
 
         Args:
             path: The ``global_step_N`` directory.
             step: The global step the state belongs to.
         """
+        from megatron.core import dist_checkpointing
         from safetensors.torch import save_file
 
         root = Path(path) / "actor"
-        root.mkdir(parents=True, exist_ok=True)
+        (root / "dist").mkdir(parents=True, exist_ok=True)
         with self.device_phase(lock=False, offload=self._offload_enabled):
+            dist.barrier()  # the folder exists before any rank writes
+            dist_checkpointing.save(self._sharded_state(), str(root / "dist"))
             if self.dp_rank == 0:
-                torch.save(
-                    {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
-                    self._shard_file(root),
-                )
                 hf = {n: t.detach().cpu().contiguous().clone() for n, t in self.full_weights()}
                 if self.rank == 0:
                     out = root / "huggingface"
@@ -441,6 +472,7 @@ class MegatronActor(FSDPActor):
                         "step": step,
                         "version": self.version,
                         "optim_steps": self._optim_steps,
+                        "adam_step": self._adam_step(),
                         "scheduler": self.scheduler.state_dict(),
                         "tensor_model_parallel_size": self.tp_size,
                         "pipeline_model_parallel_size": self.pp_size,
@@ -450,10 +482,11 @@ class MegatronActor(FSDPActor):
             dist.barrier()
 
     def load_checkpoint(self, path: str) -> int:
-        """Restores this rank's shard, optimizer, scheduler and RNG from ``path/actor``.
+        """Restores model, optimizer, scheduler and RNG from ``path/actor``.
 
-        Any data-parallel size resumes (replicas hold the same state); the RNG
-        is restored where the checkpoint has this rank's.
+        ``dist_checkpointing`` reshards: any data-parallel and tensor-parallel
+        size resumes (checked: TP 2 -> 1, DP 2 -> 1). The RNG is restored where
+        the checkpoint has this rank's.
 
         Args:
             path: A ``global_step_N`` directory written by :meth:`save_checkpoint`.
@@ -463,8 +496,9 @@ class MegatronActor(FSDPActor):
 
         Raises:
             FileNotFoundError: If the actor state is missing.
-            ValueError: If it was written with another tensor- or pipeline-parallel size.
         """
+        from megatron.core import dist_checkpointing
+
         root = Path(path) / "actor"
         meta_file = root / "megatron_meta.pt"
         if not meta_file.is_file():
@@ -473,20 +507,21 @@ class MegatronActor(FSDPActor):
                 "(written with actor.training_backend: fsdp?); check runner.resume_dir"
             )
         meta = torch.load(meta_file, weights_only=False)
-        for key, value in (
-            ("tensor_model_parallel_size", self.tp_size),
-            ("pipeline_model_parallel_size", self.pp_size),
-        ):
-            if meta[key] != value:
-                raise ValueError(
-                    f"{path} was saved with actor.model.{key}={meta[key]}, this run has "
-                    f"{value}; resume with the same value (or start from the checkpoint's "
-                    "actor/huggingface export as actor.model_path)"
-                )
-        state = torch.load(self._shard_file(root), weights_only=False, map_location=self.device)
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._init_optimizer_state(meta["adam_step"])
+            template = self._sharded_state()
+            loaded = dist_checkpointing.load(template, str(root / "dist"))
+            self.model.load_state_dict(loaded["model"])
+            optim = loaded["optimizer"]
+            for group, saved in zip(
+                self.optimizer.state_dict()["param_groups"], optim["param_groups"], strict=True
+            ):
+                saved["params"] = group["params"]
+            for state in optim["state"].values():
+                state["step"] = torch.tensor(float(meta["adam_step"]), dtype=torch.float32)
+            if meta["adam_step"] == 0:  # no update was taken: AdamW starts without state
+                optim["state"] = {}
+            self.optimizer.load_state_dict(optim)
         rng = root / f"rng_rank{self.rank:04d}.pt"
         if rng.is_file():
             torch.set_rng_state(torch.load(rng, weights_only=False)["torch"])
