@@ -69,7 +69,7 @@ _CKPT_FORMAT = "rlinf-megatron-v1"
 
 
 class MegatronActor(FSDPActor):
-    """The GRPO actor with Megatron-core tensor parallelism (``actor.training_backend: megatron``).
+    """The GRPO actor on Megatron-core TP/PP shards (``actor.training_backend: megatron``).
 
     Args:
         cfg: The validated run config.
