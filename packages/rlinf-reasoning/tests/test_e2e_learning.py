@@ -46,7 +46,7 @@ def test_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
 def test_megatron_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
     """The same run with the Megatron actor (TP = 1 on the actor's one CPU slot)."""
     pytest.importorskip("megatron.core")
-    _learn(tmp_path, ["actor.training_backend=megatron"])
+    _learn(tmp_path, ["+actor.training_backend=megatron"])
 
 
 def _learn(tmp_path: Path, overrides: list[str]) -> None:
