@@ -520,3 +520,21 @@ def test_cuda_tp1_step_sync_and_resume_equal_fsdp(
     diff = _max_diff(out["megatron"]["weights"], out["fsdp"]["weights"])
     print(f"CUDA TP=1: max |weights megatron - fsdp| after the step = {diff:.2e}")
     assert diff < WEIGHT_TOL
+
+
+def test_placement_checks_the_actor_parallel_sizes(toy: Path) -> None:
+    """launch_reasoning_groups gives the placement TP * PP and names the keys (no Ray)."""
+    from types import SimpleNamespace
+
+    from rlinf.reasoning.runner import launch_reasoning_groups
+    from rlinf.sched.cluster_info import ClusterInfo
+
+    raw = _raw_cfg(toy, "megatron", tp=2)
+    raw["cluster"] = {
+        "cpu_slots_per_node": 4,
+        "component_placement": {"actor": "0-2", "rollout": "3", "reward": "3"},
+    }
+    cfg = validate_config(raw, ReasoningConfig)
+    cluster: Any = SimpleNamespace(info=ClusterInfo.fake(1, cpu_slots_per_node=4))
+    with pytest.raises(ValueError, match=r"actor\.model\.tensor_model_parallel_size \(2\)"):
+        launch_reasoning_groups(cfg, cluster)
