@@ -218,7 +218,8 @@ def _job_body(rank: int, world: int, ports: list[int], data: str) -> None:
         sent: list[Any] = []
         info = actor._send_weights(3, 32 << 10, sent.append if rank == 0 else None)
         results["tp2/sync"] = {"buckets": sent, "info": info}
-        actor.save_checkpoint(str(Path(data) / "ckpt_tp2" / "global_step_1"), 1)
+        for _ in range(2):  # saving a step again replaces it
+            actor.save_checkpoint(str(Path(data) / "ckpt_tp2" / "global_step_1"), 1)
         results["tp2/step1"] = _step(actor, groups, 1)
         actor.teardown()
         # A fresh TP=2 actor resumes and repeats step 1.

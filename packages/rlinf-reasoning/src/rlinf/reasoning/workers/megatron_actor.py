@@ -450,9 +450,13 @@ class MegatronActor(FSDPActor):
         from safetensors.torch import save_file
 
         root = Path(path) / "actor"
-        (root / "dist").mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            # dist_checkpointing refuses a non-empty folder: a step saved again (after
+            # a restart that resumed from an earlier checkpoint) replaces the old save.
+            shutil.rmtree(root / "dist", ignore_errors=True)
+            (root / "dist").mkdir(parents=True)
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            dist.barrier()  # the folder exists before any rank writes
+            dist.barrier()  # the empty folder exists before any rank writes
             dist_checkpointing.save(self._sharded_state(), str(root / "dist"))
             if self.dp_rank == 0:
                 hf = {n: t.detach().cpu().contiguous().clone() for n, t in self.full_weights()}
