@@ -500,6 +500,7 @@ class MegatronActor(FSDPActor):
 
         Raises:
             FileNotFoundError: If the actor state is missing.
+            ValueError: If it was written in another format.
         """
         from megatron.core import dist_checkpointing
 
@@ -511,6 +512,12 @@ class MegatronActor(FSDPActor):
                 "(written with actor.training_backend: fsdp?); check runner.resume_dir"
             )
         meta = torch.load(meta_file, weights_only=False)
+        if meta.get("format") != _CKPT_FORMAT:
+            raise ValueError(
+                f"{meta_file} has format {meta.get('format')!r}, this release reads "
+                f"{_CKPT_FORMAT!r}; resume from a checkpoint this release wrote, or start from "
+                "its actor/huggingface export as actor.model_path"
+            )
         with self.device_phase(lock=False, offload=self._offload_enabled):
             self._init_optimizer_state(meta["adam_step"])
             template = self._sharded_state()
