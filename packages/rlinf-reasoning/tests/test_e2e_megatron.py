@@ -3,8 +3,9 @@
 Both CPU slots hold everything (collocated): the two actor ranks form one
 tensor-parallel group (one data-parallel replica), the rollout and reward
 have a rank on each slot. A short run trains, the first weight sync is
-verified exact by the rollout, a checkpoint is written, and a fresh runner
-resumes from it and reaches the same final weights as the uninterrupted run.
+verified exact by the rollout (and a last one by the test), a checkpoint is
+written, and a fresh runner resumes from it with exactly its weights and the
+same data order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import ray
 import torch
+from safetensors.torch import load_file
 
 from rlinf.core.config import validate_config
 from rlinf.reasoning.config import ReasoningConfig
@@ -87,8 +89,17 @@ def _run(cfg: ReasoningConfig, cluster: Cluster, name: str, resume: Path | None 
     runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=True)
     try:
         runner.init_workers(resume_dir=resume)
+        if resume is not None:  # the resumed weights are the checkpoint's, exactly
+            saved = load_file(resume / "actor" / "huggingface" / "model.safetensors")
+            loaded = dict(actor.full_weights().wait()[0])
+            assert loaded.keys() == saved.keys()
+            assert all(torch.equal(loaded[n], saved[n]) for n in saved)
         runner.run()
         summary = actor.state_summary().wait()
+        # After a sync every rollout engine holds exactly the actor's current weights.
+        runner.sync_weights(runner.global_step)
+        full = actor.full_weights().wait()[0]
+        assert rollout.weights_max_abs_diff(full).wait() == [0.0, 0.0]
         return runner, summary
     finally:
         runner.shutdown()
@@ -103,10 +114,16 @@ def test_megatron_tp2_trains_syncs_and_resumes(toy: Path, tmp_path: Path) -> Non
         # Both TP ranks hold the same (gathered) weights; 2 optimizer steps per step.
         assert summary[0]["checksum"] == summary[1]["checksum"]
         assert summary[0]["optim_steps"] == STEPS * 2
-        first = full.sync_history[0]["rollout"]
-        assert first["max_abs_diff"] == 0.0 and first["num_buckets"] > 1
+        first = full.sync_history[0]
+        buckets = first["actor"]["num_buckets"]
+        assert 2 <= buckets < first["actor"]["num_tensors"]
+        for rank in first["rollout"]:  # every rollout rank: all buckets, exact weights
+            assert rank["num_buckets"] == buckets and rank["max_abs_diff"] == 0.0
         assert all(m["rollout/num_groups"] == 8 for m in full.metrics_history)
-        assert all(m["actor/grad_norm"] > 0 for m in full.metrics_history)
+        # A step whose groups all have equal rewards has zero advantages (zero gradient).
+        norms = [m["actor/grad_norm"] for m in full.metrics_history]
+        print(f"\nMegatron TP=2 e2e: grad norms {norms}")
+        assert any(n > 0 for n in norms)
         ckpt = full.checkpoint_root / "global_step_2"
         assert (ckpt / "actor" / "dist" / "metadata.json").is_file()  # dist_checkpointing
         assert (ckpt / "actor" / "megatron_meta.pt").is_file()
@@ -114,10 +131,15 @@ def test_megatron_tp2_trains_syncs_and_resumes(toy: Path, tmp_path: Path) -> Non
 
         resumed_cfg = _cfg(toy, tmp_path / "logs", "resumed")
         resumed, again = _run(resumed_cfg, cluster, "resumed", resume=ckpt)
+        assert resumed.global_step == STEPS
         assert resumed.data_history == full.data_history[2:]
-        assert again[0]["checksum"] == pytest.approx(summary[0]["checksum"], abs=1e-6)
+        assert again[0]["optim_steps"] == summary[0]["optim_steps"]
+        # Not the same final weights: with two rollout and reward ranks the groups reach
+        # the actor in a racy order (minibatches differ) and each rollout rank seeds its
+        # sampling by rank, so two runs differ anyway; test_actor_megatron.py checks that
+        # a resumed step equals the uninterrupted one on the same groups.
         rewards = [round(m["rollout/reward_scores"], 3) for m in full.metrics_history]
         print(
-            f"\nMegatron TP=2 e2e: rewards {rewards}, final checksum "
+            f"Megatron TP=2 e2e: rewards {rewards}, final checksum "
             f"{summary[0]['checksum']:.6f} (resumed {again[0]['checksum']:.6f})"
         )
