@@ -11,7 +11,8 @@ Sections (``examples/reasoning/config/*.yaml`` show all of them)::
                 n_minibatches, update_epochs, loss options, kl_beta / kl_penalty,
                 entropy_bonus, sampling_params, val_sampling_params
     rollout:    engine, model_path, dtype, groups_per_chunk, enable_offload
-    actor:      model_path, tokenizer_path, dtype, micro_batch_size, recompute_logprobs,
+    actor:      training_backend (fsdp | megatron), model (tensor/pipeline parallel sizes),
+                model_path, tokenizer_path, dtype, micro_batch_size, recompute_logprobs,
                 optim (lr, schedule, clip_grad), sync_bucket_mb, enable_offload, dist_backend
     reward:     reward_type, reward_scale, timeout_s, num_workers (RewardConfig)
 
@@ -39,6 +40,7 @@ from rlinf.sched.config import ClusterConfig
 __all__ = [
     "COMPONENTS",
     "ActorConfig",
+    "ActorModelConfig",
     "AlgorithmConfig",
     "OptimConfig",
     "ReasoningClusterConfig",
@@ -361,9 +363,35 @@ class OptimConfig(RLinfModel):
         return value
 
 
-class ActorConfig(RLinfModel):
-    """The FSDP training workers (``actor``)."""
+class ActorModelConfig(RLinfModel):
+    """Model parallelism of the Megatron backend (``actor.model``).
 
+    The actor ranks split into ``tensor_model_parallel_size *
+    pipeline_model_parallel_size`` model-parallel ranks per replica; the rest
+    is data parallel (``actor ranks / (tp * pp)`` replicas, each taking an
+    equal share of the step's prompt groups). The FSDP backend ignores them.
+    """
+
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="Megatron tensor-parallel size (splits heads and the vocabulary)."
+    )
+    pipeline_model_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Megatron pipeline-parallel size (splits the layers; each micro-batch "
+        "runs through the stages alone, without overlap).",
+    )
+
+
+class ActorConfig(RLinfModel):
+    """The training workers (``actor``): FSDP2 or Megatron-core."""
+
+    training_backend: Literal["fsdp", "megatron"] = Field(
+        "fsdp",
+        description="fsdp: FSDP2 over all actor ranks; megatron: Megatron-core tensor "
+        "parallelism (actor.model), data parallel over the rest (needs the megatron extra).",
+    )
+    model: ActorModelConfig = Field(default_factory=ActorModelConfig)  # type: ignore[arg-type]
     model_path: Path = Field(..., description="Local Hugging Face model directory (weights).")
     tokenizer_path: Path | None = Field(
         None, description="Tokenizer directory; null: actor.model_path."
@@ -397,10 +425,28 @@ class ActorConfig(RLinfModel):
         "auto", description="torch.distributed backend: auto picks nccl with CUDA, else gloo."
     )
 
+    @field_validator("training_backend")
+    @classmethod
+    def _check_backend(cls, value: str) -> str:
+        if value == "megatron" and importlib.util.find_spec("megatron.core") is None:
+            raise ValueError(
+                "actor.training_backend='megatron' needs megatron-core, which is not "
+                'installed: pip install "rlinf-reasoning[megatron]", or set '
+                "actor.training_backend: fsdp"
+            )
+        return value
+
     @property
     def tokenizer_dir(self) -> Path:
         """Where the tokenizer is read from."""
         return self.tokenizer_path or self.model_path
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Actor ranks per data-parallel replica (1 for FSDP)."""
+        if self.training_backend != "megatron":
+            return 1
+        return self.model.tensor_model_parallel_size * self.model.pipeline_model_parallel_size
 
 
 class ReasoningConfig(RLinfModel):
@@ -473,6 +519,11 @@ class ReasoningConfig(RLinfModel):
                         "reports logprobs at temperature 1 only (vLLM has no pre-filter "
                         "tempered logprobs); set it to 1.0, or use rollout.engine: hf"
                     )
+        if actor.training_backend == "megatron" and actor.gradient_checkpointing:
+            raise ValueError(
+                "actor.gradient_checkpointing=true is not implemented for "
+                "actor.training_backend='megatron'; set actor.gradient_checkpointing: false"
+            )
         if alg.kl_beta > 0 and alg.is_reinpp:
             raise ValueError(
                 "algorithm.kl_beta > 0 adds a KL loss term; reinforce_plus_plus folds its KL "
@@ -510,6 +561,18 @@ class ReasoningConfig(RLinfModel):
         """
         alg = self.algorithm
         n = alg.rollout_batch_size
+        mp = self.actor.model_parallel_size
+        if actor % mp:
+            model = self.actor.model
+            raise ValueError(
+                f"actor.model.tensor_model_parallel_size ({model.tensor_model_parallel_size}) * "
+                f"pipeline_model_parallel_size ({model.pipeline_model_parallel_size}) = {mp} "
+                f"does not divide the {actor} actor ranks (cluster.component_placement.actor); "
+                f"place a multiple of {mp} actor ranks or lower the parallel sizes"
+            )
+        actor //= mp  # data-parallel replicas: the ranks that split the batch
+        megatron = self.actor.training_backend == "megatron"
+        ranks = "actor data-parallel ranks" if megatron else "actor ranks"
         for name, world in (("rollout", rollout), ("reward", reward)):
             if n % world:
                 raise ValueError(
@@ -520,13 +583,13 @@ class ReasoningConfig(RLinfModel):
         if n % (alg.n_minibatches * actor):
             raise ValueError(
                 f"algorithm.rollout_batch_size={n} is not divisible by algorithm.n_minibatches "
-                f"({alg.n_minibatches}) * actor ranks ({actor}) = {alg.n_minibatches * actor}: "
-                "every actor rank takes whole prompt groups of every minibatch; use a multiple"
+                f"({alg.n_minibatches}) * {ranks} ({actor}) = {alg.n_minibatches * actor}: "
+                f"every {ranks[:-1]} takes whole prompt groups of every minibatch; use a multiple"
             )
         per_rank = n * alg.group_size // (alg.n_minibatches * actor)
         if per_rank % self.actor.micro_batch_size:
             raise ValueError(
                 f"actor.micro_batch_size={self.actor.micro_batch_size} does not divide the "
-                f"{per_rank} responses each of the {actor} actor ranks gets per minibatch; "
+                f"{per_rank} responses each of the {actor} {ranks} gets per minibatch; "
                 "pick a divisor"
             )

@@ -90,11 +90,30 @@ def launch_reasoning_groups(
             not divide the batch (the message names the key).
         TypeError: If ``reward_cls`` does not implement ``ReasoningRewardWorker``.
     """
-    from rlinf.reasoning.workers import FSDPActor, RewardWorker, RolloutWorker
+    from rlinf.reasoning.workers import FSDPActor, MegatronActor, RewardWorker, RolloutWorker
 
     if reward_cls is not None:  # fail before anything is placed
         check_implements(reward_cls, ReasoningRewardWorker)
-    placement = ModelParallelComponentPlacement(cfg.cluster.component_placement, cluster.info)
+    megatron = cfg.actor.training_backend == "megatron"
+    parallel = cfg.actor.model
+    # The placement checks that the actor ranks are a multiple of TP * PP (Megatron
+    # lays TP ranks out consecutively, so a TP group is one contiguous range).
+    try:
+        placement = ModelParallelComponentPlacement(
+            cfg.cluster.component_placement,
+            cluster.info,
+            actor_tp_size=parallel.tensor_model_parallel_size if megatron else 1,
+            actor_pp_size=parallel.pipeline_model_parallel_size if megatron else 1,
+        )
+    except ValueError as err:
+        if megatron and "'actor'" in str(err) and "tp_size * pp_size" in str(err):
+            raise ValueError(
+                f"{err}: actor.model.tensor_model_parallel_size "
+                f"({parallel.tensor_model_parallel_size}) * pipeline_model_parallel_size "
+                f"({parallel.pipeline_model_parallel_size}) must divide the actor ranks; "
+                "change them or cluster.component_placement.actor"
+            ) from err
+        raise
     cfg.check_world_sizes(
         actor=placement.actor_world_size,
         rollout=placement.rollout_world_size,
@@ -115,7 +134,7 @@ def launch_reasoning_groups(
                 placement.get_strategy("reward"),
             ),
             f"{name_prefix}ActorGroup": (
-                FSDPActor.create_group(cfg, collocated),
+                (MegatronActor if megatron else FSDPActor).create_group(cfg, collocated),
                 placement.get_strategy("actor"),
             ),
         },
@@ -130,7 +149,7 @@ class ReasoningRunner(ClosesOnExit):
 
     Args:
         cfg: The validated config.
-        actor: The :class:`~rlinf.reasoning.workers.FSDPActor` group.
+        actor: The :class:`~rlinf.reasoning.workers.FSDPActor` (or ``MegatronActor``) group.
         rollout: The :class:`~rlinf.reasoning.workers.RolloutWorker` group.
         reward: The :class:`~rlinf.reasoning.workers.RewardWorker` group.
         collocated: Whether actor and rollout share devices (from the placement).

@@ -24,9 +24,11 @@ entropy) and never materialise the full vocabulary.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel import (
     gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
     vocab_parallel_cross_entropy,
 )
 from torch import nn
@@ -36,6 +38,7 @@ __all__ = [
     "gpt_logits",
     "pack_left",
     "unpack_left",
+    "vocab_parallel_entropy",
     "vocab_parallel_token_logprobs",
 ]
 
@@ -137,3 +140,44 @@ def gather_vocab_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """
     full: torch.Tensor = gather_from_tensor_model_parallel_region(logits)
     return full[..., :vocab_size]
+
+
+def vocab_parallel_entropy(
+    logits: torch.Tensor, vocab_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Entropy of ``softmax(logits / temperature)`` over the real vocabulary, from shards.
+
+    ``log S - (sum_k e_k z_k) / S`` with ``z`` the scaled logits shifted by their
+    global maximum, ``e = exp(z)`` and ``S = sum_k e_k`` (the entropy of
+    :func:`rlinf.core.algorithms.entropy_from_logits`). The two sums over the
+    vocabulary are all-reduced over the TP group with Megatron's
+    ``reduce_from_tensor_model_parallel_region`` (identity backward: what follows
+    them is the same on every rank, so each shard gets its own gradient).
+    Padded vocabulary columns contribute exactly 0, forward and backward.
+    All ranks of the TP group must call it together. Differentiable.
+
+    Args:
+        logits: ``[..., padded_vocab / tp]`` this rank's logits.
+        vocab_size: The real vocabulary size.
+        temperature: Sampling temperature (> 0).
+
+    Returns:
+        ``[...]`` float32 entropies in nats.
+    """
+    if not temperature > 0.0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    x = _mask_padded_vocab(logits, vocab_size) / temperature
+    padded = torch.isinf(x)
+    with torch.no_grad():
+        top = x.max(dim=-1, keepdim=True).values
+        if ps.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    z = (x - top).masked_fill(padded, 0.0)  # finite everywhere: no 0 * inf
+    e = torch.exp(z).masked_fill(padded, 0.0)
+    # Both sums are reduced before they are combined, so everything after the
+    # reductions is the same on every rank and the identity backward is exact
+    # (normalising the local terms by the global sum first would drop the other
+    # ranks' terms from the gradient through that sum).
+    total: torch.Tensor = reduce_from_tensor_model_parallel_region(e.sum(dim=-1))
+    weighted: torch.Tensor = reduce_from_tensor_model_parallel_region((e * z).sum(dim=-1))
+    return torch.log(total) - weighted / total

@@ -30,7 +30,7 @@ from rlinf.reasoning.megatron.hf_config import HFArchitecture
 from rlinf.reasoning.megatron.hf_layout import ParamRule, rule_for, unshard
 from rlinf.reasoning.megatron.hf_load import layer_offset, unwrap_model
 
-__all__ = ["export_hf_state_dict", "iter_hf_buckets"]
+__all__ = ["count_hf_buckets", "export_hf_state_dict", "iter_hf_buckets"]
 
 
 @dataclass
@@ -89,6 +89,24 @@ def _gather(
     return pieces
 
 
+def _entries(model: nn.Module, arch: HFArchitecture, grads: bool) -> list[_Entry]:
+    gpt = unwrap_model(model)
+    offset = layer_offset(gpt)
+    entries: list[_Entry] = []
+    for name, param in gpt.named_parameters():
+        rule = rule_for(name, offset, arch.tie_word_embeddings)
+        if rule.exported:
+            entries.append(_Entry(rule, _local_value(name, param, grads)))
+    return entries
+
+
+def count_hf_buckets(
+    model: nn.Module, arch: HFArchitecture, *, bucket_bytes: int, tp_size: int = 1
+) -> int:
+    """How many buckets :func:`iter_hf_buckets` yields with these arguments (no collective)."""
+    return sum(1 for _ in _buckets(_entries(model, arch, False), bucket_bytes, tp_size))
+
+
 def iter_hf_buckets(
     model: nn.Module,
     arch: HFArchitecture,
@@ -116,13 +134,7 @@ def iter_hf_buckets(
         Lists of ``(hf_name, tensor)``; vocabulary padding is dropped and the
         tied output layer of a last pipeline stage is skipped.
     """
-    gpt = unwrap_model(model)
-    offset = layer_offset(gpt)
-    entries: list[_Entry] = []
-    for name, param in gpt.named_parameters():
-        rule = rule_for(name, offset, arch.tie_word_embeddings)
-        if rule.exported:
-            entries.append(_Entry(rule, _local_value(name, param, grads)))
+    entries = _entries(model, arch, grads)
     for bucket in _buckets(entries, bucket_bytes, tp_size):
         pieces = iter(_gather(bucket, tp_size, tp_group))
         out: list[tuple[str, torch.Tensor]] = []

@@ -23,6 +23,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
+from torch import nn
 
 from rlinf.reasoning.megatron.cpu_shims import apply_cpu_shims
 from rlinf.reasoning.megatron.hf_config import (
@@ -31,9 +32,10 @@ from rlinf.reasoning.megatron.hf_config import (
     read_hf_architecture,
     transformer_config,
 )
-from rlinf.reasoning.megatron.hf_load import load_hf_weights
+from rlinf.reasoning.megatron.hf_layout import rule_for
+from rlinf.reasoning.megatron.hf_load import layer_offset, load_hf_weights
 
-__all__ = ["HFGPTModel", "build_gpt_model", "init_model_parallel"]
+__all__ = ["HFGPTModel", "build_gpt_model", "init_model_parallel", "mark_tensor_parallel_params"]
 
 
 def init_model_parallel(tp_size: int, pp_size: int, seed: int = 0) -> None:
@@ -69,6 +71,37 @@ class HFGPTModel:
     arch: HFArchitecture
     config: TransformerConfig
     padded_vocab: int
+
+
+def mark_tensor_parallel_params(model: nn.Module, arch: HFArchitecture) -> int:
+    """Sets Megatron's ``tensor_model_parallel`` attributes on the TP-sharded parameters.
+
+    Megatron's layers set them in their weight initialisers, which the bridge
+    skips (``perform_initialization=False``: the checkpoint is loaded instead),
+    so only the biases carry them. Gradient-norm code (Megatron's
+    ``clip_grad_norm_fp32`` and the actor's) counts a parameter without them as
+    replicated, once per TP group: sharded weights would be undercounted.
+
+    Args:
+        model: This rank's ``GPTModel``.
+        arch: Its architecture.
+
+    Returns:
+        The number of parameters marked.
+    """
+    offset = layer_offset(model)
+    marked = 0
+    for name, param in model.named_parameters():
+        layout = rule_for(name, offset, arch.tie_word_embeddings).layout
+        if layout == "full" or getattr(param, "tensor_model_parallel", False):
+            continue
+        # As megatron.core.tensor_parallel.set_tensor_model_parallel_attributes (which
+        # asserts the attributes are unset; some layers set the defaults).
+        param.tensor_model_parallel = True  # type: ignore[attr-defined]
+        param.partition_dim = 1 if layout == "row" else 0  # type: ignore[attr-defined]
+        param.partition_stride = 1  # type: ignore[attr-defined]
+        marked += 1
+    return marked
 
 
 def build_gpt_model(
@@ -124,6 +157,7 @@ def build_gpt_model(
         # Megatron creates some modules (the local spec's torch norms) on the CPU;
         # its training loop moves the model to the GPU after building it, as here.
         model.cuda(torch.cuda.current_device())
+    mark_tensor_parallel_params(model, arch)
     if load_weights:
         load_hf_weights(
             model,

@@ -1,9 +1,11 @@
-"""Worker processes of a reasoning run: rollout, reward and the FSDP actor.
+"""Worker processes of a reasoning run: rollout, reward and the actors (FSDP, Megatron).
 
 * :class:`RolloutWorker`: wraps a rollout engine; prompt groups in, generated groups out.
 * :class:`RewardWorker`: wraps the math verifier pool; fills in rewards, group by group.
 * :class:`FSDPActor`: FSDP2 GRPO training, logprob recomputation, bucketed weight sync,
   checkpoints and offload/onload.
+* :class:`MegatronActor`: the same GRPO step on Megatron-core tensor-parallel shards
+  (``actor.training_backend: megatron``; needs the ``megatron`` extra).
 
 Each class is a :class:`rlinf.sched.Worker`, launched with
 ``Cls.create_group(cfg).launch(cluster, ...)``. The names are imported lazily, so a
@@ -19,11 +21,13 @@ if TYPE_CHECKING:
     from rlinf.reasoning.workers.actor import FSDPActor
     from rlinf.reasoning.workers.batch import PackedBatch, Sample, pack_samples, pad_rows
     from rlinf.reasoning.workers.common import WeightBucket, load_tokenizer
+    from rlinf.reasoning.workers.megatron_actor import MegatronActor
     from rlinf.reasoning.workers.reward import RewardWorker
     from rlinf.reasoning.workers.rollout import RolloutWorker
 
 __all__ = [
     "FSDPActor",
+    "MegatronActor",
     "PackedBatch",
     "RewardWorker",
     "RolloutWorker",
@@ -36,6 +40,7 @@ __all__ = [
 
 _WHERE = {
     "FSDPActor": "actor",
+    "MegatronActor": "megatron_actor",
     "PackedBatch": "batch",
     "Sample": "batch",
     "pack_samples": "batch",

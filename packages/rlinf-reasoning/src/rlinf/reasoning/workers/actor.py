@@ -33,6 +33,7 @@ import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,33 +113,12 @@ class FSDPActor(Worker):
         cfg = self.cfg
         self.device = select_device()
         backend = init_process_group(cfg.actor.dist_backend, self.device, cfg.runner.step_timeout_s)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         torch.manual_seed(derive_seed(cfg.runner.seed, "actor", self.rank) % 2**31)
         self.dtype = resolve_dtype(cfg.actor.dtype)
         self.temperature = cfg.algorithm.sampling_params.temperature
-        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
-        limit = getattr(model.config, "max_position_embeddings", None)
-        needed = cfg.data.max_prompt_length + cfg.algorithm.sampling_params.max_new_tokens
-        if isinstance(limit, int) and needed > limit:
-            raise ValueError(
-                f"data.max_prompt_length ({cfg.data.max_prompt_length}) + "
-                f"algorithm.sampling_params.max_new_tokens "
-                f"({cfg.algorithm.sampling_params.max_new_tokens}) = {needed} exceeds the "
-                f"model's max_position_embeddings={limit} ({cfg.actor.model_path}); lower them"
-            )
-        if cfg.actor.gradient_checkpointing:
-            enable: Any = model.gradient_checkpointing_enable
-            enable()
-        self.model = self._shard(model)
-        self.model.train()
         self.ref_model: nn.Module | None = None
-        if cfg.needs_ref_model:
-            ref = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
-            ref.requires_grad_(False)
-            self.ref_model = self._shard(ref)
-            self.ref_model.eval()
+        self._build_models()
+        self.model.train()
         opt = cfg.actor.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -155,11 +135,70 @@ class FSDPActor(Worker):
         )
         self.loss_fn = get_policy_loss(alg.loss_type)
         self.adv_fn = get_advantage(alg.adv_type)
-        self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
         num_params = sum(p.numel() for p in self.model.parameters())
         if self._offload_enabled:
             self.offload()
         return {"num_params": num_params, "device": str(self.device), "backend": backend}
+
+    def _build_models(self) -> None:
+        """Sets ``model``, ``ref_model`` (when KL terms need it) and ``pad_token_id``.
+
+        The backend hook of :meth:`init_worker`: here HF models sharded with FSDP2.
+        """
+        cfg = self.cfg
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
+        self._check_positions(getattr(model.config, "max_position_embeddings", None))
+        if cfg.actor.gradient_checkpointing:
+            enable: Any = model.gradient_checkpointing_enable
+            enable()
+        self.model = self._shard(model)
+        if cfg.needs_ref_model:
+            ref = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
+            ref.requires_grad_(False)
+            self.ref_model = self._shard(ref)
+            self.ref_model.eval()
+        self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+
+    def _check_positions(self, limit: object) -> None:
+        """Raises if prompt + response do not fit ``limit`` positions (``None``: unknown)."""
+        cfg = self.cfg
+        needed = cfg.data.max_prompt_length + cfg.algorithm.sampling_params.max_new_tokens
+        if isinstance(limit, int) and needed > limit:
+            raise ValueError(
+                f"data.max_prompt_length ({cfg.data.max_prompt_length}) + "
+                f"algorithm.sampling_params.max_new_tokens "
+                f"({cfg.algorithm.sampling_params.max_new_tokens}) = {needed} exceeds the "
+                f"model's max_position_embeddings={limit} ({cfg.actor.model_path}); lower them"
+            )
+
+    # ------------------------------------------------------------ data parallel
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel replicas (FSDP: its rank)."""
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: each takes an equal share of the step's groups."""
+        return self.world_size
+
+    @property
+    def _dp_group(self) -> dist.ProcessGroup | None:
+        """The group that all-reduces data-parallel statistics (``None``: the default one)."""
+        return None
+
+    @property
+    def _reports_data(self) -> bool:
+        """Whether this rank reports its groups (once per data-parallel replica)."""
+        return True
+
+    def _receive_group(self, channel: Channel, timeout: float) -> RolloutResult:
+        """The next prompt group of this rank's share (the hook for model-parallel peers)."""
+        item: RolloutResult = channel.get(timeout=timeout)
+        return item
 
     @property
     def _offload_enabled(self) -> bool:
@@ -233,7 +272,6 @@ class FSDPActor(Worker):
             timeout=self.cfg.runner.step_timeout_s,
         )
         with phase:
-            named = self._named_weights()
             groups: list[tuple[str, int | list[int]]] = [
                 (self.group_name, 0),
                 (rollout_group, list(range(rollout_world_size))),
@@ -244,19 +282,32 @@ class FSDPActor(Worker):
                 self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
 
             cap = int(self.cfg.actor.sync_bucket_mb * _MIB)
-            # Every rank joins the all-gathers; only rank 0 copies and sends.
-            buckets, total = send_weights(
-                named, version, cap, send if self.rank == 0 else None, gather=full_tensor
+            buckets, total, num_tensors = self._send_weights(
+                version, cap, send if self.rank == 0 else None
             )
             self.version = version
             self.num_syncs += 1
         return {
             "version": version,
             "num_buckets": buckets,
-            "num_tensors": len(named),
+            "num_tensors": num_tensors,
             "bytes": total,
             "seconds": time.perf_counter() - start,
         }
+
+    def _send_weights(
+        self, version: int, cap_bytes: int, send: Callable[[WeightBucket], None] | None
+    ) -> tuple[int, int, int]:
+        """Walks the bucket plan; ``send`` (rank 0's) sends each bucket.
+
+        Every rank joins the all-gathers; only rank 0 copies and sends.
+
+        Returns:
+            ``(buckets, bytes, tensors)`` of the sync.
+        """
+        named = self._named_weights()
+        buckets, total = send_weights(named, version, cap_bytes, send, gather=full_tensor)
+        return buckets, total, len(named)
 
     def full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full (gathered) weights as CPU tensors; every rank must call it (tests/tools)."""
@@ -335,12 +386,12 @@ class FSDPActor(Worker):
         return out
 
     def _all_reduce_mean(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Mean of ``tensor`` over the actor ranks (itself when there is one rank)."""
-        if self.world_size == 1:
+        """Mean of ``tensor`` over the data-parallel replicas (itself when there is one)."""
+        if self.dp_size == 1:
             return tensor
         out = tensor.to(self.device).clone()
-        dist.all_reduce(out)
-        return out / self.world_size
+        dist.all_reduce(out, group=self._dp_group)
+        return out / self.dp_size
 
     def _advantages(self, samples: list[Sample], group_size: int) -> None:
         """Fills ``advantages`` of whole groups (``len(samples)`` a multiple of G)."""
@@ -351,11 +402,11 @@ class FSDPActor(Worker):
             mask[i, : s.response_length] = True
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         all_reduce = None
-        if self.world_size > 1:
+        if self.dp_size > 1:
 
             def all_reduce(t: torch.Tensor) -> torch.Tensor:
                 t = t.clone()
-                dist.all_reduce(t)
+                dist.all_reduce(t, group=self._dp_group)
                 return t
 
         ref = None
@@ -390,7 +441,7 @@ class FSDPActor(Worker):
             statistics of this rank's groups, "time": busy seconds}``.
         """
         cfg, alg = self.cfg, self.cfg.algorithm
-        share = alg.rollout_batch_size // self.world_size
+        share = alg.rollout_batch_size // self.dp_size
         per_mb_groups = share // alg.n_minibatches
         g = alg.group_size
         micro = cfg.actor.micro_batch_size
@@ -408,7 +459,7 @@ class FSDPActor(Worker):
             # Arrival: rollout logprobs and advantages (group-relative, no forward pass).
             while len(results) < groups:
                 t0 = time.perf_counter()
-                item: RolloutResult = channel.get(timeout=timeout)
+                item = self._receive_group(channel, timeout)
                 busy["wait"] += time.perf_counter() - t0
                 if item.rewards is None:
                     raise RuntimeError(
@@ -464,7 +515,7 @@ class FSDPActor(Worker):
             for epoch in range(alg.update_epochs):
                 if shuffle:  # a fresh seeded order each epoch
                     gen = torch.Generator().manual_seed(
-                        derive_seed(cfg.runner.seed, "shuffle", step, self.rank, epoch)
+                        derive_seed(cfg.runner.seed, "shuffle", step, self.dp_rank, epoch)
                     )
                     perm = torch.randperm(len(samples), generator=gen).tolist()
                     order = [samples[i] for i in perm]
@@ -478,7 +529,7 @@ class FSDPActor(Worker):
                         local = sum(s.response_length for s in order[first:last])
                         minibatch_tokens = (
                             float(self._all_reduce_mean(torch.tensor([float(local)])).item())
-                            * self.world_size
+                            * self.dp_size
                         )
                     for k in range(n_micro):
                         lo, hi = first + k * micro, first + (k + 1) * micro
@@ -492,7 +543,7 @@ class FSDPActor(Worker):
                             # token-mean over the micro-batch -> over the whole minibatch
                             # (all ranks): * tokens here * micro-batches * ranks / total
                             tokens = sum(s.response_length for s in order[lo:hi])
-                            scale = tokens * n_micro * self.world_size / minibatch_tokens
+                            scale = tokens * n_micro * self.dp_size / minibatch_tokens
                         m = self._micro_step(order[lo:hi], n_micro, scale)
                         busy["train"] += time.perf_counter() - t0
                         # weight 1/n_micro: each minibatch counts once, like its optimizer step
@@ -512,6 +563,8 @@ class FSDPActor(Worker):
         self._stage_times.append(
             {"step": float(step), "train_start": train_start, "train_end": time.time()}
         )
+        if not self._reports_data:  # a model-parallel peer: its replica's first rank reports
+            samples, results = [], []
         return {
             # skipped_steps: a count (every rank saw the same global norm), not a mean
             "train": {**train_means.means(), "actor/skipped_steps": float(skipped)},
@@ -525,9 +578,21 @@ class FSDPActor(Worker):
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
     ) -> dict[str, Any]:
         """Forward, loss and backward of one micro-batch; metrics as 0-d tensors (no sync)."""
-        alg = self.cfg.algorithm
-        want_entropy = alg.entropy_bonus > 0
+        want_entropy = self.cfg.algorithm.entropy_bonus > 0
         lp, ent, mask = self._forward_logprobs(self.model, batch, with_entropy=want_entropy)
+        loss, out = self._micro_loss(batch, lp, ent, mask)
+        (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
+        return out
+
+    def _micro_loss(
+        self,
+        batch: list[Sample],
+        lp: torch.Tensor,
+        ent: torch.Tensor | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The micro-batch's loss (before scaling) and metrics from its logprobs and entropy."""
+        alg = self.cfg.algorithm
         width = mask.shape[1]
         old = pad_rows([s.old_logprobs for s in batch], width).to(self.device)
         adv = pad_rows([s.advantages for s in batch], width).to(self.device)
@@ -565,14 +630,13 @@ class FSDPActor(Worker):
             out["actor/early_stopped"] = float(stop)
             if stop:  # still backward (zero gradient): every rank runs the same collectives
                 loss = loss * 0.0
-        (loss * loss_scale / n_micro).backward()  # type: ignore[no-untyped-call]
         out["actor/final_loss"] = loss.detach()
         with torch.no_grad():
             diff = (old - rollout_lp).abs()
             out["actor/rollout_train_kl"] = masked_mean(diff, mask)
             # diff >= 0, so a masked max with 0 fill is also right for an empty mask
             out["actor/logprob_diff_max"] = torch.where(mask.bool(), diff, 0.0).max()
-        return out
+        return loss, out
 
     def _optimizer_step(self) -> tuple[dict[str, float], bool]:
         lr = float(self.optimizer.param_groups[0]["lr"])
