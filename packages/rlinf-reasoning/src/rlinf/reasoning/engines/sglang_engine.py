@@ -59,7 +59,6 @@ a recording stand-in for ``sglang.Engine``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -69,6 +68,7 @@ import torch
 
 from rlinf.core.logging import get_logger
 from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, SamplingParams
+from rlinf.reasoning.models.loading import checkpoint_weight_names, resolve_dtype
 
 __all__ = [
     "MEMORY_TAGS",
@@ -350,7 +350,7 @@ class SGLangEngine:
         cuda = _require_gpu(device)
         _check_environment()
         sglang = _import_sglang()
-        torch_dtype = _to_dtype(dtype)
+        torch_dtype = resolve_dtype(dtype)
         kwargs = engine_kwargs(
             path,
             torch_dtype,
@@ -413,7 +413,7 @@ class SGLangEngine:
         self._setup(
             engine,
             _check_model_dir(model_path),
-            _to_dtype(dtype),
+            resolve_dtype(dtype),
             torch.device(device) if device is not None else None,
             memory_saver=enable_memory_saver,
             cpu_backup=enable_weights_cpu_backup,
@@ -442,7 +442,7 @@ class SGLangEngine:
         self._in_sync = False
         self._sync_names: set[str] = set()
         self._weights_discarded = False
-        self._expected: set[str] | None = None
+        self._expected: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ weights
 
@@ -454,17 +454,7 @@ class SGLangEngine:
     def expected_weight_names(self) -> set[str]:
         """Hugging Face names of every tensor in the model directory's safetensors."""
         if self._expected is None:
-            index = self.model_path / "model.safetensors.index.json"
-            if index.is_file():
-                self._expected = set(json.loads(index.read_text())["weight_map"])
-            else:
-                from safetensors import safe_open
-
-                names: set[str] = set()
-                for file in sorted(self.model_path.glob("*.safetensors")):
-                    with safe_open(str(file), framework="pt") as f:
-                        names.update(f.keys())
-                self._expected = names
+            self._expected = checkpoint_weight_names(self.model_path)
         return set(self._expected)
 
     def load_weights(
@@ -615,15 +605,6 @@ class SGLangEngine:
             f"SGLangEngine(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
             f"version={self.version}, offloaded={self._offloaded})"
         )
-
-
-def _to_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    value = getattr(torch, str(dtype), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"rollout.dtype={dtype!r} is not a torch dtype (bfloat16, float32...)")
-    return value
 
 
 def _check(result: Any, call: str) -> None:

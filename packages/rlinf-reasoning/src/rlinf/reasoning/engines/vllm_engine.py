@@ -46,6 +46,7 @@ import torch
 
 from rlinf.core.logging import get_logger
 from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, SamplingParams
+from rlinf.reasoning.models.loading import checkpoint_weight_names
 
 __all__ = ["FUSED_GROUPS", "VLLMEngine"]
 
@@ -178,7 +179,7 @@ class VLLMEngine:
         self.version = 0
         self._offloaded = False
         self._pending: dict[_GroupKey, dict[str, torch.Tensor]] = {}
-        self._expected: set[str] | None = None
+        self._expected: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ weights
 
@@ -190,17 +191,7 @@ class VLLMEngine:
     def expected_weight_names(self) -> set[str]:
         """Hugging Face names of every tensor in the model directory's safetensors."""
         if self._expected is None:
-            index = self.model_path / "model.safetensors.index.json"
-            if index.is_file():
-                self._expected = set(json.loads(index.read_text())["weight_map"])
-            else:
-                from safetensors import safe_open
-
-                names: set[str] = set()
-                for file in sorted(self.model_path.glob("*.safetensors")):
-                    with safe_open(str(file), framework="pt") as f:
-                        names.update(f.keys())
-                self._expected = names
+            self._expected = checkpoint_weight_names(self.model_path)
         return set(self._expected)
 
     def load_weights(

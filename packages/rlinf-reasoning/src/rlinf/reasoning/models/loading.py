@@ -7,13 +7,14 @@ Nothing is downloaded: ``model_path`` must be a directory written by
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-__all__ = ["load_causal_lm", "resolve_device", "resolve_dtype"]
+__all__ = ["checkpoint_weight_names", "load_causal_lm", "resolve_device", "resolve_dtype"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -49,6 +50,31 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if not resolved.is_floating_point:
         raise ValueError(f"dtype must be a floating type, got {resolved}")
     return resolved
+
+
+def checkpoint_weight_names(model_path: str | Path) -> frozenset[str]:
+    """Names of every tensor in a ``save_pretrained`` directory's safetensors.
+
+    Reads the index (``model.safetensors.index.json``) when there is one, else
+    each ``*.safetensors`` file's header; no tensor data is loaded.
+
+    Args:
+        model_path: The model directory.
+
+    Returns:
+        The Hugging Face tensor names.
+    """
+    path = Path(model_path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return frozenset(json.loads(index.read_text())["weight_map"])
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return frozenset(names)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
