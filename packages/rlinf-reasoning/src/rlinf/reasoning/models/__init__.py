@@ -5,10 +5,16 @@
   at generation time and by the actor's recomputation (the entropy is
   :func:`rlinf.core.algorithms.entropy_from_logits`).
 * :mod:`rlinf.reasoning.models.loading`: loading a local Hugging Face causal LM
-  with errors that name the path, and dtype/device parsing.
+  with errors that name the path, dtype/device parsing, and the
+  parameter names a checkpoint directory holds.
 """
 
-from rlinf.reasoning.models.loading import load_causal_lm, resolve_device, resolve_dtype
+from rlinf.reasoning.models.loading import (
+    checkpoint_weight_names,
+    load_causal_lm,
+    resolve_device,
+    resolve_dtype,
+)
 from rlinf.reasoning.models.logprobs import (
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
@@ -17,6 +23,7 @@ from rlinf.reasoning.models.logprobs import (
 )
 
 __all__ = [
+    "checkpoint_weight_names",
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
     "load_causal_lm",
