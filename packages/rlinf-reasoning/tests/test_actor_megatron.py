@@ -497,6 +497,8 @@ def test_cuda_tp1_step_sync_and_resume_equal_fsdp(
         actor.init_worker(4)
         try:
             assert actor.device.type == "cuda"
+            if backend == "megatron":  # Megatron's DDP and distributed optimizer, not torch AdamW
+                assert actor._gpu is not None
             out[backend] = _step(actor, groups, 0)
             if backend == "megatron":
                 sent: list[Any] = []
@@ -512,6 +514,8 @@ def test_cuda_tp1_step_sync_and_resume_equal_fsdp(
                 again = _step(actor, groups, 1)
                 for key in METRICS:
                     assert again["train"][key] == after["train"][key], key
+                # the restored AdamW state (moments, step) gives the same update
+                assert _max_diff(again["weights"], after["weights"]) < 1e-6
         finally:
             actor.teardown()
     for key in METRICS:
@@ -521,6 +525,34 @@ def test_cuda_tp1_step_sync_and_resume_equal_fsdp(
     diff = _max_diff(out["megatron"]["weights"], out["fsdp"]["weights"])
     print(f"CUDA TP=1: max |weights megatron - fsdp| after the step = {diff:.2e}")
     assert diff < WEIGHT_TOL
+
+
+def test_distributed_optimizer_on_cpu_names_the_key(
+    toy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """use_distributed_optimizer: true without CUDA fails at start-up, before any set-up."""
+    import rlinf.sched.worker.worker as worker_module
+    from rlinf.reasoning.workers import MegatronActor
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    monkeypatch.setattr(worker_module, "install_resolver", lambda *a, **k: None)
+    for key, value in {
+        "GROUP_NAME": "CpuDistOpt",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }.items():
+        monkeypatch.setenv(key, value)
+    raw = _raw_cfg(toy, "megatron")
+    raw["actor"]["model"] = {"use_distributed_optimizer": True}
+    actor = MegatronActor(validate_config(raw, ReasoningConfig))
+    try:
+        with pytest.raises(ValueError, match=r"actor\.model\.use_distributed_optimizer=true"):
+            actor.init_worker(4)
+    finally:
+        actor.teardown()
 
 
 def test_placement_checks_the_actor_parallel_sizes(toy: Path) -> None:

@@ -6,8 +6,12 @@ of one rank (NCCL): it checks that the CPU shims stay off, that the model
 built from a Hugging Face checkpoint on the GPU gives Hugging Face's logits,
 and that one training step through Megatron's schedule, its DDP wrapper and
 its *distributed optimizer* (with Megatron's gradient clipping, both
-unavailable on the CPU) reports Hugging Face's gradient norm and leaves the
-parameters of a plain torch AdamW step with the same clipping.
+unavailable on the CPU), as the Megatron actor drives them on GPUs
+(:mod:`rlinf.reasoning.megatron.dist_optimizer`), reports Hugging Face's
+gradient norm and leaves the parameters of a plain torch AdamW step with the
+same clipping; that a non-finite gradient skips the update; that the
+optimizer's sharded checkpoint resumes to the uninterrupted next step; and
+that bf16 parameters train through fp32 master weights.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def nccl_world() -> Iterator[None]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
+    from rlinf.reasoning.megatron.model import init_model_parallel
+
+    init_model_parallel(1, 1, seed=0)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     yield
@@ -83,16 +90,11 @@ def _loss_mask(mask: torch.Tensor) -> torch.Tensor:
 def test_megatron_on_cuda_matches_hf_with_the_distributed_optimizer(
     nccl_world: None, tmp_path: Path
 ) -> None:
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from transformers import AutoModelForCausalLM
 
     from rlinf.reasoning.megatron import cpu_shims
+    from rlinf.reasoning.megatron.dist_optimizer import clip_and_step, wrap_for_gpu_training
     from rlinf.reasoning.megatron.forward import (
         gather_vocab_logits,
         gpt_logits,
@@ -101,12 +103,11 @@ def test_megatron_on_cuda_matches_hf_with_the_distributed_optimizer(
         vocab_parallel_token_logprobs,
     )
     from rlinf.reasoning.megatron.hf_export import export_hf_state_dict
-    from rlinf.reasoning.megatron.model import build_gpt_model, init_model_parallel
+    from rlinf.reasoning.megatron.model import build_gpt_model
     from rlinf.reasoning.models import position_ids_from_attention_mask, token_logprobs_from_logits
 
     path = _checkpoint(tmp_path / "ckpt")
     device = torch.device("cuda", 0)
-    init_model_parallel(1, 1, seed=0)
     assert not cpu_shims.apply_cpu_shims() and not cpu_shims.cpu_shims_active()
     built = build_gpt_model(path)
     vocab = built.arch.vocab_size
@@ -134,23 +135,10 @@ def test_megatron_on_cuda_matches_hf_with_the_distributed_optimizer(
     torch.nn.utils.clip_grad_norm_(hf.parameters(), CLIP)
     ref_opt.step()
 
-    config = built.config
-    config.finalize_model_grads_func = finalize_model_grads
-    ddp_cfg = DistributedDataParallelConfig(
-        use_distributed_optimizer=True, grad_reduce_in_fp32=True
+    training = wrap_for_gpu_training(
+        built.model, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clip_grad=CLIP
     )
-    model = DistributedDataParallel(config, ddp_cfg, built.model)
-    opt_cfg = OptimizerConfig(
-        optimizer="adam",
-        lr=LR,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        adam_eps=1e-8,
-        clip_grad=CLIP,
-        use_distributed_optimizer=True,
-    )
-    optimizer = get_megatron_optimizer(opt_cfg, [model])
+    model, optimizer = training.model, training.optimizer
     assert "Distributed" in type(optimizer).__name__ or any(
         "Distributed" in type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [])
     )
@@ -170,7 +158,6 @@ def test_megatron_on_cuda_matches_hf_with_the_distributed_optimizer(
 
         return output, loss_func
 
-    optimizer.zero_grad()
     losses = get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter([(ids, mask)]),
@@ -181,12 +168,122 @@ def test_megatron_on_cuda_matches_hf_with_the_distributed_optimizer(
         forward_only=False,
     )
     assert abs(float(losses[0]["loss"]) - hf_loss.item()) < 1e-5
-    ok, grad_norm, _ = optimizer.step()
-    assert ok
-    assert abs(float(grad_norm) - hf_norm) < 1e-4 * max(1.0, hf_norm)
+    grad_norm, stepped = clip_and_step(training, CLIP)
+    assert stepped
+    assert abs(grad_norm - hf_norm) < 1e-4 * max(1.0, hf_norm)
 
     after = export_hf_state_dict(model, built.arch)
     hf_after = {n: p.detach() for n, p in hf.named_parameters()}
     worst = max((after[n].to(device) - hf_after[n]).abs().max().item() for n in after)
     assert set(after) <= set(hf_after)
     assert worst < 1e-5
+
+
+def _plain_step(training: Any, ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> float:
+    """Forward and backward outside the schedule (the actor's PP=1 path), then the step."""
+    from rlinf.reasoning.megatron.dist_optimizer import clip_and_step
+    from rlinf.reasoning.megatron.forward import gpt_logits, vocab_parallel_token_logprobs
+
+    logits = gpt_logits(training.model, ids, mask)
+    lp = vocab_parallel_token_logprobs(logits[:, :-1], ids[:, 1:], vocab)
+    m = _loss_mask(mask)
+    (-(lp * m).sum() / m.sum()).backward()  # type: ignore[no-untyped-call]
+    norm, stepped = clip_and_step(training, CLIP)
+    assert stepped
+    return norm
+
+
+def _wrapped(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    from rlinf.reasoning.megatron.dist_optimizer import wrap_for_gpu_training
+    from rlinf.reasoning.megatron.model import build_gpt_model
+
+    built = build_gpt_model(path, params_dtype=dtype)
+    training = wrap_for_gpu_training(
+        built.model, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip_grad=CLIP
+    )
+    return built, training
+
+
+def _params(built: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in built.model.named_parameters()}
+
+
+def test_a_non_finite_gradient_skips_the_update(nccl_world: None, tmp_path: Path) -> None:
+    from rlinf.reasoning.megatron.dist_optimizer import clip_and_step
+    from rlinf.reasoning.megatron.forward import gpt_logits, vocab_parallel_token_logprobs
+
+    built, training = _wrapped(_checkpoint(tmp_path / "ckpt"))
+    ids, mask = _batch(torch.device("cuda", 0))
+    before = _params(built)
+    logits = gpt_logits(training.model, ids, mask)
+    lp = vocab_parallel_token_logprobs(logits[:, :-1], ids[:, 1:], built.arch.vocab_size)
+    (lp.sum() * float("nan")).backward()  # type: ignore[no-untyped-call]
+    norm, stepped = clip_and_step(training, CLIP)
+    assert not stepped and not math.isfinite(norm)
+    after = _params(built)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    for buffer in training.model.buffers:  # zeroed for the next step
+        assert not buffer.grad_data.any()
+    assert math.isfinite(_plain_step(training, ids, mask, built.arch.vocab_size))
+    assert any(not torch.equal(before[n], p) for n, p in _params(built).items())
+
+
+def test_sharded_optimizer_checkpoint_resumes_the_next_step(
+    nccl_world: None, tmp_path: Path
+) -> None:
+    from megatron.core import dist_checkpointing
+
+    from rlinf.reasoning.megatron.dist_optimizer import (
+        load_optimizer_state,
+        sharded_optimizer_state,
+    )
+
+    path = _checkpoint(tmp_path / "ckpt")
+    ids, mask = _batch(torch.device("cuda", 0))
+    built, training = _wrapped(path)
+    vocab = built.arch.vocab_size
+    _plain_step(training, ids, mask, vocab)
+    save_dir = tmp_path / "dist"
+    save_dir.mkdir()
+    state = {
+        "model": built.model.sharded_state_dict(),
+        "optimizer": sharded_optimizer_state(
+            training, built.model.sharded_state_dict(), is_loading=False
+        ),
+    }
+    dist_checkpointing.save(state, str(save_dir))
+    norm = _plain_step(training, ids, mask, vocab)  # the uninterrupted second step
+    expected = _params(built)
+
+    fresh, resumed = _wrapped(path)
+    template = {
+        "model": fresh.model.sharded_state_dict(),
+        "optimizer": sharded_optimizer_state(
+            resumed, fresh.model.sharded_state_dict(), is_loading=True
+        ),
+    }
+    loaded = dist_checkpointing.load(template, str(save_dir))
+    fresh.model.load_state_dict(loaded["model"])
+    load_optimizer_state(resumed, loaded["optimizer"])
+    again = _plain_step(resumed, ids, mask, vocab)
+    assert abs(again - norm) < 1e-6 * max(1.0, norm)
+    got = _params(fresh)
+    worst = max((got[n] - expected[n]).abs().max().item() for n in expected)
+    print(f"\nresumed vs uninterrupted second step: max |dw| = {worst:.2e}")
+    assert worst < 1e-6
+
+
+def test_bf16_parameters_train_through_fp32_master_weights(
+    nccl_world: None, tmp_path: Path
+) -> None:
+    built, training = _wrapped(_checkpoint(tmp_path / "ckpt"), torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in built.model.named_parameters()}
+    print(f"\nparameters not in bf16: {[n for n, d in dtypes.items() if d != torch.bfloat16]}")
+    assert torch.bfloat16 in dtypes.values()
+    masters = [p for g in training.torch_optimizer.param_groups for p in g["params"]]
+    assert masters and all(p.dtype == torch.float32 for p in masters)
+    before = _params(built)
+    ids, mask = _batch(torch.device("cuda", 0))
+    assert math.isfinite(_plain_step(training, ids, mask, built.arch.vocab_size))
+    changed = sum(not torch.equal(before[n], p) for n, p in _params(built).items())
+    assert changed == len(before)

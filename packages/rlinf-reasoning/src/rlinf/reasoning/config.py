@@ -381,6 +381,12 @@ class ActorModelConfig(RLinfModel):
         description="Megatron pipeline-parallel size (splits the layers; each micro-batch "
         "runs through the stages alone, without overlap).",
     )
+    use_distributed_optimizer: bool | None = Field(
+        None,
+        description="Train with Megatron's DDP wrapper and distributed optimizer (fp32 master "
+        "weights and AdamW moments sharded over the replicas; CUDA only). null: on with CUDA "
+        "unless the actor offloads between phases (collocated), where torch AdamW per rank runs.",
+    )
 
 
 class ActorConfig(RLinfModel):

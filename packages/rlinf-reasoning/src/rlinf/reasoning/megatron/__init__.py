@@ -16,4 +16,6 @@ package imports nothing heavy; its modules import megatron-core.
 * :mod:`~rlinf.reasoning.megatron.model`: process groups, and this rank's model.
 * :mod:`~rlinf.reasoning.megatron.forward`: padded batches and vocab-parallel
   token logprobs (the convention of :mod:`rlinf.reasoning.models.logprobs`).
+* :mod:`~rlinf.reasoning.megatron.dist_optimizer`: Megatron's DDP wrapper and
+  distributed optimizer, the actor's training path on GPUs.
 """

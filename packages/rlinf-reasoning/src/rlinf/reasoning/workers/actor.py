@@ -120,13 +120,7 @@ class FSDPActor(Worker):
         self._build_models()
         self.model.train()
         opt = cfg.actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt.lr,
-            betas=opt.adam_betas,
-            eps=opt.adam_eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = self._build_optimizer()
         alg = cfg.algorithm
         self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epochs)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -161,6 +155,17 @@ class FSDPActor(Worker):
             self.ref_model = self._shard(ref)
             self.ref_model.eval()
         self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the model's parameters; the LR schedule drives its param groups."""
+        opt = self.cfg.actor.optim
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=opt.adam_betas,
+            eps=opt.adam_eps,
+            weight_decay=opt.weight_decay,
+        )
 
     def _check_positions(self, limit: object) -> None:
         """Raises if prompt + response do not fit ``limit`` positions (``None``: unknown)."""

@@ -17,14 +17,17 @@ are consecutive).
   gathered). With ``pp > 1`` each micro-batch runs alone through Megatron's
   pipeline schedule (no overlap between stages); the last stage computes the
   loss and broadcasts its metrics (and recomputed logprobs) to the others.
-* Optimizer step: gradients are averaged over the data-parallel group (one
-  coalesced all-reduce); the norm sums squares of TP-sharded parameters over
-  the model-parallel group and counts replicated ones (norms) and a tied
-  embedding's two pipeline copies once (their gradients are summed); clip like
-  ``torch.nn.utils.clip_grad_norm_`` and skip the step on a non-finite norm,
-  as ``rlinf.core.dist.clip_and_step``; torch AdamW on each rank's shard.
-  Megatron's DDP wrapper and distributed optimizer are not used (they need
-  CUDA for some paths); on GPUs this path runs too but is unchecked there.
+* Optimizer step, on GPUs (``actor.model.use_distributed_optimizer``, on by
+  default with CUDA unless the actor offloads): Megatron's DDP wrapper and
+  distributed optimizer (:mod:`rlinf.reasoning.megatron.dist_optimizer`:
+  fp32 master weights and AdamW moments sharded over the replicas, Megatron's
+  gradient reduction and norm). On CPU (Megatron's classes need CUDA), and on
+  GPUs when offloading: gradients are averaged over the data-parallel group
+  (one coalesced all-reduce); the norm sums squares of TP-sharded parameters
+  over the model-parallel group and counts replicated ones (norms) and a tied
+  embedding's two pipeline copies once (their gradients are summed); torch
+  AdamW on each rank's shard. Both clip like ``torch.nn.utils.clip_grad_norm_``
+  and skip the step on a non-finite norm, as ``rlinf.core.dist.clip_and_step``.
 * Weight sync: the ranks of replica 0 gather each bucket over TP
   (:func:`~rlinf.reasoning.megatron.hf_export.iter_hf_buckets`, HF names);
   actor rank 0 sends it as a :class:`~rlinf.core.weight_sync.WeightBucket`
@@ -33,7 +36,8 @@ are consecutive).
   stage (one object broadcast per bucket). Other replicas send nothing.
 * Checkpoints: ``megatron.core.dist_checkpointing`` of the model and of
   AdamW's moments (sharded like their parameters, written once by replica
-  0), plus each rank's torch RNG, the step, version, scheduler and AdamW's
+  0; the distributed optimizer's own ``fully_reshardable`` layout on GPUs),
+  plus each rank's torch RNG, the step, version, scheduler and AdamW's
   step count, and a Hugging Face export. It reshards on load: another
   data-parallel or tensor-parallel size resumes (checked: TP 2 -> 1 and
   DP 2 -> 1; another PP size is unchecked).
@@ -60,6 +64,7 @@ from torch import nn
 from rlinf.core.channel import Channel
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.core.weight_sync import WeightBucket
+from rlinf.reasoning.megatron.dist_optimizer import GpuTraining
 from rlinf.reasoning.workers.actor import FSDPActor
 from rlinf.reasoning.workers.batch import Sample, pack_samples
 
@@ -83,6 +88,7 @@ class MegatronActor(FSDPActor):
         from rlinf.reasoning.megatron.model import build_gpt_model, init_model_parallel
 
         cfg = self.cfg
+        self._use_dist_opt = self._uses_distributed_optimizer()  # fails before any set-up
         parallel = cfg.actor.model
         tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
         if self.world_size % (tp * pp):
@@ -106,7 +112,8 @@ class MegatronActor(FSDPActor):
         built = build_gpt_model(cfg.actor.model_path, params_dtype=self.dtype)
         self._check_positions(built.arch.max_position_embeddings)
         self.built = built
-        self.model = built.model
+        self.model = built.model  # wrapped in Megatron's DDP by _build_optimizer on GPUs
+        self._gpu: GpuTraining | None = None
         if cfg.needs_ref_model:
             ref = build_gpt_model(cfg.actor.model_path, params_dtype=self.dtype).model
             ref.requires_grad_(False)
@@ -114,6 +121,47 @@ class MegatronActor(FSDPActor):
             self.ref_model = ref
         config = json.loads((Path(cfg.actor.model_path) / "config.json").read_text())
         self.pad_token_id = int(config.get("pad_token_id") or 0)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """Megatron's DDP and distributed optimizer on GPUs, else torch AdamW per rank.
+
+        Returns the torch optimizer the LR schedule drives (on GPUs, the one
+        inside Megatron's distributed optimizer).
+        """
+        from rlinf.reasoning.megatron.dist_optimizer import wrap_for_gpu_training
+
+        if not self._use_dist_opt:
+            return super()._build_optimizer()
+        opt = self.cfg.actor.optim
+        self._gpu = wrap_for_gpu_training(
+            self.built.model,
+            lr=opt.lr,
+            betas=opt.adam_betas,
+            eps=opt.adam_eps,
+            weight_decay=opt.weight_decay,
+            clip_grad=opt.clip_grad or 0.0,
+        )
+        self.model = self._gpu.model
+        return self._gpu.torch_optimizer
+
+    def _uses_distributed_optimizer(self) -> bool:
+        """``actor.model.use_distributed_optimizer``, resolved (null: CUDA and no offload)."""
+        flag = self.cfg.actor.model.use_distributed_optimizer
+        cuda = self.device.type == "cuda"
+        if flag is None:
+            return cuda and not self._offload_enabled
+        if flag and not cuda:
+            raise ValueError(
+                f"actor.model.use_distributed_optimizer=true needs CUDA, but the actor runs on "
+                f"{self.device}; set it to null (auto) or false"
+            )
+        if flag and self._offload_enabled:
+            raise ValueError(
+                "actor.model.use_distributed_optimizer=true cannot offload the actor between "
+                "phases (collocated placement or actor.enable_offload: true); set "
+                "actor.enable_offload: false, or use_distributed_optimizer: null/false"
+            )
+        return flag
 
     # ------------------------------------------------------------ data parallel
     @property
@@ -278,7 +326,14 @@ class MegatronActor(FSDPActor):
     def _optimizer_step(self) -> tuple[dict[str, float], bool]:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
+        from rlinf.reasoning.megatron.dist_optimizer import clip_and_step
+
         lr = float(self.optimizer.param_groups[0]["lr"])
+        if self._gpu is not None:  # Megatron's DDP buffers and distributed optimizer
+            gpu_norm, updated = clip_and_step(self._gpu, self.cfg.actor.optim.clip_grad or 0.0)
+            self.scheduler.step()  # the schedule counts planned steps, skipped ones too
+            self._optim_steps += 1
+            return {"actor/grad_norm": gpu_norm, "actor/lr": lr}, updated
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:  # every rank all-reduces the same buffers
             if p.grad is None:
@@ -331,7 +386,7 @@ class MegatronActor(FSDPActor):
         from rlinf.reasoning.megatron.hf_export import iter_hf_buckets
 
         return iter_hf_buckets(
-            self.model,
+            self.built.model,
             self.built.arch,
             bucket_bytes=bucket_bytes,
             tp_size=self.tp_size,
@@ -351,7 +406,7 @@ class MegatronActor(FSDPActor):
         if self.dp_rank != 0:
             return 0, 0, 0
         local = count_hf_buckets(
-            self.model, self.built.arch, bucket_bytes=cap_bytes, tp_size=self.tp_size
+            self.built.model, self.built.arch, bucket_bytes=cap_bytes, tp_size=self.tp_size
         )
         counts = [local]
         if self.pp_size > 1:  # every stage's bucket count, in stage order
@@ -397,20 +452,28 @@ class MegatronActor(FSDPActor):
         return out
 
     # --------------------------------------------------------------- checkpoints
-    def _sharded_state(self) -> dict[str, Any]:
+    def _sharded_state(self, *, is_loading: bool = False) -> dict[str, Any]:
         """Model and optimizer as Megatron sharded state (``dist_checkpointing``).
 
         The optimizer's per-parameter tensors (AdamW's moments) get the sharding
         of their parameter, so they reshard with it; the per-parameter step
-        count is saved apart (the meta file).
+        count is saved apart (the meta file). Megatron's distributed optimizer
+        writes its own layout (``fully_reshardable``, which reshards too).
         """
         from megatron.core.dist_checkpointing.optimizer import (
             get_param_id_to_sharded_param_map,
             optim_state_to_sharding_state,
         )
 
-        gpt: Any = self.model
+        from rlinf.reasoning.megatron.dist_optimizer import sharded_optimizer_state
+
+        gpt: Any = self.built.model
         model = gpt.sharded_state_dict()
+        if self._gpu is not None:
+            opt_state = sharded_optimizer_state(
+                self._gpu, gpt.sharded_state_dict(), is_loading=is_loading
+            )
+            return {"model": model, "optimizer": opt_state}
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         optim = self.optimizer.state_dict()
         ids = get_param_id_to_sharded_param_map(model, params)
@@ -480,6 +543,7 @@ class MegatronActor(FSDPActor):
                         "scheduler": self.scheduler.state_dict(),
                         "tensor_model_parallel_size": self.tp_size,
                         "pipeline_model_parallel_size": self.pp_size,
+                        "distributed_optimizer": self._gpu is not None,
                     },
                     root / "megatron_meta.pt",
                 )
@@ -518,21 +582,26 @@ class MegatronActor(FSDPActor):
                 f"{_CKPT_FORMAT!r}; resume from a checkpoint this release wrote, or start from "
                 "its actor/huggingface export as actor.model_path"
             )
+        from rlinf.reasoning.megatron.dist_optimizer import load_optimizer_state
+
+        saved_dist_opt = bool(meta.get("distributed_optimizer", False))
+        if saved_dist_opt != (self._gpu is not None):
+            raise ValueError(
+                f"{meta_file} was written with actor.model.use_distributed_optimizer="
+                f"{str(saved_dist_opt).lower()} and this run has "
+                f"{str(self._gpu is not None).lower()}; their optimizer layouts differ: resume "
+                f"with use_distributed_optimizer: {str(saved_dist_opt).lower()}, or start from "
+                "its actor/huggingface export as actor.model_path"
+            )
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            self._init_optimizer_state(meta["adam_step"])
-            template = self._sharded_state()
-            loaded = dist_checkpointing.load(template, str(root / "dist"))
-            self.model.load_state_dict(loaded["model"])
-            optim = loaded["optimizer"]
-            for group, saved in zip(
-                self.optimizer.state_dict()["param_groups"], optim["param_groups"], strict=True
-            ):
-                saved["params"] = group["params"]
-            for state in optim["state"].values():
-                state["step"] = torch.tensor(float(meta["adam_step"]), dtype=torch.float32)
-            if meta["adam_step"] == 0:  # no update was taken: AdamW starts without state
-                optim["state"] = {}
-            self.optimizer.load_state_dict(optim)
+            if self._gpu is not None:
+                loaded = dist_checkpointing.load(
+                    self._sharded_state(is_loading=True), str(root / "dist")
+                )
+                self.built.model.load_state_dict(loaded["model"])
+                load_optimizer_state(self._gpu, loaded["optimizer"])
+            else:
+                self._load_torch_optimizer(root, meta)
         rng = root / f"rng_rank{self.rank:04d}.pt"
         if rng.is_file():
             torch.set_rng_state(torch.load(rng, weights_only=False)["torch"])
@@ -540,6 +609,25 @@ class MegatronActor(FSDPActor):
         self.version = int(meta["version"])
         self._optim_steps = int(meta["optim_steps"])
         return int(meta["step"])
+
+    def _load_torch_optimizer(self, root: Path, meta: dict[str, Any]) -> None:
+        """Loads the model and the per-rank AdamW (the CPU path's layout) from ``root/dist``."""
+        from megatron.core import dist_checkpointing
+
+        self._init_optimizer_state(meta["adam_step"])
+        template = self._sharded_state()
+        loaded = dist_checkpointing.load(template, str(root / "dist"))
+        self.built.model.load_state_dict(loaded["model"])
+        optim = loaded["optimizer"]
+        for group, saved in zip(
+            self.optimizer.state_dict()["param_groups"], optim["param_groups"], strict=True
+        ):
+            saved["params"] = group["params"]
+        for state in optim["state"].values():
+            state["step"] = torch.tensor(float(meta["adam_step"]), dtype=torch.float32)
+        if meta["adam_step"] == 0:  # no update was taken: AdamW starts without state
+            optim["state"] = {}
+        self.optimizer.load_state_dict(optim)
 
     def teardown(self) -> None:
         """Destroys Megatron's groups and the process group, then releases channels."""
