@@ -520,3 +520,24 @@ def test_shard_unshard_round_trip() -> None:
     assert rule_for("decoder.layers.0.mlp.linear_fc2.weight", 3, tied=False).hf_names == (
         "model.layers.3.mlp.down_proj.weight",
     )
+
+
+def test_transformer_engine_names_map_like_the_local_norms() -> None:
+    """TE's spec fuses each norm into the next linear layer; both namings map to one HF name.
+
+    (The TE spec itself needs CUDA and transformer-engine: unchecked, neither is here.)
+    """
+    from rlinf.reasoning.megatron.hf_config import transformer_engine_usable
+    from rlinf.reasoning.megatron.hf_layout import rule_for
+
+    pairs = {
+        "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+        "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+    }
+    for te_name, local_name in pairs.items():
+        te = rule_for(f"decoder.layers.1.{te_name}", layer_offset=2, tied=False)
+        local = rule_for(f"decoder.layers.1.{local_name}", layer_offset=2, tied=False)
+        assert te == local
+        assert te.layout == "full" and te.hf_names[0].startswith("model.layers.3.")
+    if not torch.cuda.is_available():
+        assert not transformer_engine_usable()

@@ -1,7 +1,9 @@
 """Megatron-core GPT models built from Hugging Face checkpoints (the ``megatron`` extra).
 
 Needs ``rlinf-reasoning[megatron]`` (megatron-core 0.16.1; apex and
-transformer-engine are optional: the local layer spec is used). Importing this
+transformer-engine are optional: without transformer-engine, or without
+CUDA, Megatron's local layer spec is used; the transformer-engine spec is
+unchecked). Importing this
 package imports nothing heavy; its modules import megatron-core.
 
 * :mod:`~rlinf.reasoning.megatron.cpu_shims`: the patches that run megatron-core

@@ -20,6 +20,7 @@ Cost: reading one small JSON file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "gpt_layer_spec",
     "read_hf_architecture",
     "transformer_config",
+    "transformer_engine_usable",
 ]
 
 SUPPORTED_MODEL_TYPES = ("qwen2",)
@@ -233,7 +235,30 @@ def transformer_config(
     return TransformerConfig(**fields)
 
 
-def gpt_layer_spec() -> ModuleSpec:
-    """The local (non-transformer-engine) GPT layer spec with RMSNorm."""
+def transformer_engine_usable() -> bool:
+    """Whether the transformer-engine layer spec is used: CUDA present and TE installed."""
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def gpt_layer_spec(transformer_engine: bool = False) -> ModuleSpec:
+    """The GPT layer spec: Megatron's local one with RMSNorm, or transformer-engine's.
+
+    Transformer-engine's fuses each norm into the linear layer after it
+    (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``);
+    :mod:`.hf_layout` maps both namings. The TE spec needs CUDA and the
+    ``transformer_engine`` package; it has not been run here (neither this
+    machine nor the GPU check machine can install it).
+
+    Args:
+        transformer_engine: Use transformer-engine's spec (see
+            :func:`transformer_engine_usable`).
+    """
+    if transformer_engine:
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        te_spec: ModuleSpec = get_gpt_layer_with_transformer_engine_spec()
+        return te_spec
     spec: ModuleSpec = get_gpt_layer_local_spec(normalization="RMSNorm")
     return spec

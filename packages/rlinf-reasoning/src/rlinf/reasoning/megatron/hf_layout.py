@@ -22,6 +22,9 @@ Megatron (``decoder.layers.{i}.`` = ``L.``) -> HF (``model.layers.{i + offset}.`
 * ``L.pre_mlp_layernorm.weight`` -> ``H.post_attention_layernorm.weight``, full
 * ``L.mlp.linear_fc1.weight`` -> ``H.mlp.{gate,up}_proj.weight``, gate_up
 * ``L.mlp.linear_fc2.weight`` -> ``H.mlp.down_proj.weight``, row
+* with transformer-engine's spec, ``L.self_attention.linear_qkv.layer_norm_weight``
+  and ``L.mlp.linear_fc1.layer_norm_weight`` replace the two norms above
+  (same HF names, full)
 * ``decoder.final_layernorm.weight`` -> ``model.norm.weight``, full
 * ``output_layer.weight`` -> ``lm_head.weight``, vocab; with tied embeddings it
   exists only on the last stage of a pipeline (a copy of the embedding), is
@@ -60,6 +63,9 @@ _LAYER_PARAMS: dict[str, tuple[Layout, tuple[str, ...]]] = {
     "pre_mlp_layernorm.weight": ("full", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
+    # transformer-engine's spec: the norms fused into the next linear layer
+    "self_attention.linear_qkv.layer_norm_weight": ("full", ("input_layernorm.weight",)),
+    "mlp.linear_fc1.layer_norm_weight": ("full", ("post_attention_layernorm.weight",)),
 }
 
 
@@ -93,7 +99,7 @@ class ParamRule:
 
 
 def rule_for(name: str, layer_offset: int, tied: bool) -> ParamRule:
-    """The rule of parameter ``name`` of a (local-spec) ``GPTModel``.
+    """The rule of parameter ``name`` of a ``GPTModel`` (local or transformer-engine spec).
 
     Args:
         name: As in ``GPTModel.named_parameters()`` (no wrapper prefix).

@@ -31,6 +31,7 @@ from rlinf.reasoning.megatron.hf_config import (
     gpt_layer_spec,
     read_hf_architecture,
     transformer_config,
+    transformer_engine_usable,
 )
 from rlinf.reasoning.megatron.hf_layout import rule_for
 from rlinf.reasoning.megatron.hf_load import layer_offset, load_hf_weights
@@ -65,12 +66,15 @@ class HFGPTModel:
         arch: The checkpoint's architecture.
         config: The Megatron config it was built with.
         padded_vocab: Vocabulary rows of its embedding / output layer (all ranks).
+        transformer_engine: Whether it uses transformer-engine's layer spec (CUDA
+            and TE installed; unchecked) rather than Megatron's local one.
     """
 
     model: GPTModel
     arch: HFArchitecture
     config: TransformerConfig
     padded_vocab: int
+    transformer_engine: bool = False
 
 
 def mark_tensor_parallel_params(model: nn.Module, arch: HFArchitecture) -> int:
@@ -142,9 +146,10 @@ def build_gpt_model(
         **config_overrides,
     )
     padded_vocab = arch.padded_vocab_size(tp_size, vocab_multiple)
+    use_te = transformer_engine_usable()
     model = GPTModel(
         config,
-        gpt_layer_spec(),
+        gpt_layer_spec(transformer_engine=use_te),
         vocab_size=padded_vocab,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(),
@@ -167,4 +172,4 @@ def build_gpt_model(
             tp_size=tp_size,
             padded_vocab=padded_vocab,
         )
-    return HFGPTModel(model, arch, config, padded_vocab)
+    return HFGPTModel(model, arch, config, padded_vocab, transformer_engine=use_te)
