@@ -77,6 +77,9 @@ def launch_reasoning_groups(
     name_prefix: str = "",
     timeout: float = 600.0,
     reward_cls: type[Worker] | None = None,
+    *,
+    rollout_cls: type[Worker] | None = None,
+    actor_cls: type[Worker] | None = None,
 ) -> tuple[ModelParallelComponentPlacement, WorkerGroup, WorkerGroup, WorkerGroup]:
     """Places and launches the rollout, reward and actor groups of ``cfg`` (concurrently).
 
@@ -88,6 +91,10 @@ def launch_reasoning_groups(
             torch and transformers take a while on a loaded machine).
         reward_cls: The reward worker class (a :class:`RewardWorker` subclass with
             your ``score``); default the math reward.
+        rollout_cls: The rollout worker class (a :class:`RolloutWorker` subclass);
+            default :class:`RolloutWorker`.
+        actor_cls: The actor worker class (an :class:`FSDPActor` or
+            :class:`MegatronActor` subclass); default by ``actor.training_backend``.
 
     Returns:
         ``(placement, actor, rollout, reward)``.
@@ -95,12 +102,18 @@ def launch_reasoning_groups(
     Raises:
         ValueError: If the placement does not fit the cluster or the world sizes do
             not divide the batch (the message names the key).
-        TypeError: If ``reward_cls`` does not implement ``ReasoningRewardWorker``.
+        TypeError: If a given class does not implement its role's protocol.
     """
     from rlinf.reasoning.workers import FSDPActor, MegatronActor, RewardWorker, RolloutWorker
 
-    if reward_cls is not None:  # fail before anything is placed
-        check_implements(reward_cls, ReasoningRewardWorker)
+    # fail before anything is placed
+    for cls, protocol in (
+        (reward_cls, ReasoningRewardWorker),
+        (rollout_cls, ReasoningRolloutWorker),
+        (actor_cls, ReasoningActorWorker),
+    ):
+        if cls is not None:
+            check_implements(cls, protocol)
     megatron = cfg.actor.training_backend == "megatron"
     parallel = cfg.actor.model
     # The placement checks that the actor ranks are a multiple of TP * PP (Megatron
@@ -134,7 +147,7 @@ def launch_reasoning_groups(
         cluster,
         {
             f"{name_prefix}RolloutGroup": (
-                RolloutWorker.create_group(cfg, collocated),
+                (rollout_cls or RolloutWorker).create_group(cfg, collocated),
                 placement.get_strategy("rollout"),
             ),
             f"{name_prefix}RewardGroup": (
@@ -142,7 +155,9 @@ def launch_reasoning_groups(
                 placement.get_strategy("reward"),
             ),
             f"{name_prefix}ActorGroup": (
-                (MegatronActor if megatron else FSDPActor).create_group(cfg, collocated),
+                (actor_cls or (MegatronActor if megatron else FSDPActor)).create_group(
+                    cfg, collocated
+                ),
                 placement.get_strategy("actor"),
             ),
         },
