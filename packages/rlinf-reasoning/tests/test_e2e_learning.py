@@ -53,6 +53,13 @@ def test_megatron_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> 
     _learn(tmp_path, ["+actor.training_backend=megatron"])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_async_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
+    """The same run as asynchronous GRPO (max_staleness 1, truncated IS on by default)."""
+    _learn(tmp_path, ["+algorithm.max_staleness=1"])
+
+
 def _learn(tmp_path: Path, overrides: list[str]) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -93,6 +100,11 @@ def _learn(tmp_path: Path, overrides: list[str]) -> None:
     )
     warm = evals[0][1]
     final = evals[-1][1]
+    stale = [
+        m["rollout/staleness_mean"] for m in runner.metrics_history if "rollout/staleness_mean" in m
+    ]
+    dropped = sum(m.get("rollout/dropped_stale_groups", 0.0) for m in runner.metrics_history)
+    steps = sorted(m["time/step"] for m in runner.metrics_history if "time/step" in m)
     print(
         f"\n{overrides or 'fsdp'}: warm start (make_toy_task, greedy): {task.accuracy:.3f}; "
         "eval/accuracy by step: "
@@ -100,7 +112,13 @@ def _learn(tmp_path: Path, overrides: list[str]) -> None:
         f"\nheld-out accuracy {warm:.3f} -> {final:.3f} (+{100 * (final - warm):.1f} points) in "
         f"{STEP_BUDGET} steps; training {train_time:.0f}s, "
         f"total {time.perf_counter() - start:.0f}s; "
-        f"median overlap ratio {ratios[len(ratios) // 2]:.2f}"
+        f"median overlap ratio {ratios[len(ratios) // 2] if ratios else float('nan'):.2f}; "
+        f"median step {steps[len(steps) // 2]:.3f}s"
+        + (
+            f"; mean staleness {sum(stale) / len(stale):.2f}, dropped groups {dropped:.0f}"
+            if stale
+            else ""
+        )
     )
     assert evals[0][0] == 0 and evals[-1][0] == STEP_BUDGET
     assert abs(warm - task.accuracy) < 0.02  # eval at step 0 is the warm start
