@@ -152,6 +152,15 @@ class AsyncPipeline:
         self.stream_reports.extend(reports)
         self.wait_synced()
 
+    def abort(self) -> None:
+        """After a failure: asks the rollout to stop (no wait) and forgets the streams."""
+        if self._streams:
+            try:
+                self.runner.rollout.stop_stream()
+            except Exception as err:  # a dead group: nothing to stop
+                _log.debug("stop_stream after a failure: %s", err)
+        self.reset()
+
     def reset(self) -> None:
         """Forgets the streams and pending work (after a relaunch or a resume)."""
         self._streams = []

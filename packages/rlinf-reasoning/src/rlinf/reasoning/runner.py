@@ -577,9 +577,12 @@ class ReasoningRunner(ClosesOnExit):
 
             def run_async() -> dict[str, float]:
                 try:
-                    return attempt()
-                finally:
-                    pipe.stop()
+                    out = attempt()
+                except BaseException:
+                    pipe.abort()  # the channels may be closed: do not wait for the streams
+                    raise
+                pipe.stop()
+                return out
 
             return run_with_restarts(
                 run_async,
@@ -711,7 +714,7 @@ class ReasoningRunner(ClosesOnExit):
                 self._async.stop()
             except Exception as err:  # closing anyway; the channels go below
                 _log.warning("stopping the async streams failed: %s", err)
-                self._async.reset()
+                self._async.abort()
         self._res.close()
 
     def shutdown(self, groups: bool = True) -> None:
