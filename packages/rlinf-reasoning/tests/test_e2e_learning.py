@@ -16,7 +16,7 @@ The Megatron variant (``+actor.training_backend=megatron``, TP = 1) measured
 0.167 -> 0.353 at step 300 (0.207, 0.25, 0.293, 0.313, 0.35 at steps 50..250),
 6.7 min in all, on the same machine while another test suite ran beside it.
 
-The asynchronous variant (``+algorithm.max_staleness=1``, truncated IS on by
+The asynchronous variant (``algorithm.max_staleness=1``, truncated IS on by
 default) measured 0.167 -> 0.343 at step 300 (+17.7 points; 0.193, 0.213,
 0.227, 0.32, 0.303 at steps 50..250), mean staleness 0.99, 65 of 19,200
 groups dropped as too stale (and regenerated), median step 1.19 s, 7.0 min in
@@ -63,7 +63,7 @@ def test_megatron_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> 
 @pytest.mark.timeout(1500)
 def test_async_grpo_raises_held_out_accuracy_by_15_points(tmp_path: Path) -> None:
     """The same run as asynchronous GRPO (max_staleness 1, truncated IS on by default)."""
-    _learn(tmp_path, ["+algorithm.max_staleness=1"])
+    _learn(tmp_path, ["algorithm.max_staleness=1"])
 
 
 def _learn(tmp_path: Path, overrides: list[str]) -> None:
