@@ -264,3 +264,15 @@ def test_async_refuses_collocated_placement(toy: Path, tmp_path: Path) -> None:
     groups = [_Unlaunched(FSDPActor), _Unlaunched(RolloutWorker), _Unlaunched(RewardWorker)]
     with pytest.raises(ValueError, match=r"max_staleness=1.*cluster.component_placement"):
         ReasoningRunner(cfg, *groups, collocated=True)  # type: ignore[arg-type]
+
+
+def test_staleness_metrics_count_each_value() -> None:
+    from rlinf.reasoning.async_grpo import staleness_metrics
+
+    out = staleness_metrics([0, 1, 1, 2], dropped=3, max_staleness=2)
+    assert out["rollout/staleness_mean"] == 1.0
+    assert out["rollout/staleness_max"] == 2.0
+    assert out["rollout/dropped_stale_groups"] == 3.0
+    assert [out[f"rollout/staleness_hist_{s}"] for s in range(3)] == [1.0, 2.0, 1.0]
+    empty = staleness_metrics([], dropped=0, max_staleness=1)
+    assert empty["rollout/staleness_mean"] == 0.0 and empty["rollout/staleness_hist_1"] == 0.0

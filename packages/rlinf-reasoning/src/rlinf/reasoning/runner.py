@@ -450,8 +450,10 @@ class ReasoningRunner(ClosesOnExit):
         cfg, step = self.cfg, self.global_step
         k = cfg.algorithm.max_staleness
         start = time.perf_counter()
-        pipe.start(step)
-        t_sync = pipe.sync(step) if self.synced_version != step else 0.0
+        pipe.start(step)  # the first step: a full sync, then the streams start
+        t_sync = time.perf_counter() - start
+        if self.synced_version != step:
+            t_sync += pipe.sync(step)
         pipe.issue(step)
         actor_out = pipe.train(step)
         t_step = time.perf_counter() - start
