@@ -11,10 +11,12 @@ the runs alternate (sync, async, sync, async) and each reports the median
 ``sync step time / async step time`` (higher is better).
 
 Measured on the 2-core box: 1.36x (async 0.67/0.69 s, sync 0.94/0.92 s per
-step) on a quiet moment; 1.04x in an earlier run (with ``sft_steps=60`` and
-``max_new_tokens=8``, the same response lengths) while other suites loaded
-both cores: the gain needs the actor and the rollout to really run side by
-side.
+step) on a quiet moment; 1.04x (async 0.68/0.96 s, sync 0.86/0.84 s) with a
+load average of ~4 from other jobs; 1.04x in an earlier run (with
+``sft_steps=60`` and ``max_new_tokens=8``, the same response lengths) while
+other suites ran: the gain needs the actor and the rollout to really run side
+by side (in the loaded runs the async actor never waited for data, but its
+training slowed down sharing the cores).
 
 Where the time goes: a synchronous step waits for the whole batch to be
 generated (shuffled minibatches need all of it) and for the weight sync; the
