@@ -8,6 +8,7 @@ Sections (``examples/reasoning/config/*.yaml`` show all of them)::
                 resume_dir, seed, logger, timeouts
     data:       train_files, val_files, prompt/answer keys, max_prompt_length, ... (DataConfig)
     algorithm:  adv_type, group_size (G), rollout_batch_size (N prompts per step),
+                max_staleness (0 sync; k > 0 async GRPO, see docs/reasoning.md),
                 n_minibatches, update_epochs, loss options, kl_beta / kl_penalty,
                 entropy_bonus, sampling_params, val_sampling_params
     rollout:    engine, model_path, dtype, groups_per_chunk, enable_offload
@@ -178,10 +179,11 @@ class AlgorithmConfig(RLinfModel):
         "k3", description="KL estimator: k1 (kl), k2 (mse), k3 (low_var_kl) or abs."
     )
     entropy_bonus: float = Field(0.0, ge=0, description="Entropy coefficient (subtracted).")
-    importance_sampling_fix: bool = Field(
-        False,
+    importance_sampling_fix: bool | None = Field(
+        None,
         description="Truncated IS: multiply advantages by min(exp(recomputed - rollout "
-        "logprobs), importance_sampling_clip); needs actor.recompute_logprobs.",
+        "logprobs), importance_sampling_clip); needs actor.recompute_logprobs. "
+        "null: on when max_staleness > 0 (async), off otherwise.",
     )
     importance_sampling_clip: float = Field(
         2.0, gt=0, description="Upper bound of a truncated-IS weight."
@@ -197,6 +199,14 @@ class AlgorithmConfig(RLinfModel):
         gt=1,
         description="Drop a micro-batch's loss when its mean ratio (over data-parallel "
         "ranks) exceeds this; null disables.",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="0: synchronous GRPO (every step trains on samples of the weights "
+        "synced at its start). k > 0: asynchronous GRPO: the rollout keeps generating "
+        "with weights up to k versions older than the actor's, and the actor drops "
+        "(and regenerates) any group older than that; needs disaggregated placement.",
     )
     sampling_params: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
     val_sampling_params: SamplingConfig | None = Field(
@@ -221,6 +231,18 @@ class AlgorithmConfig(RLinfModel):
         if self.val_sampling_params is not None:
             return self.val_sampling_params
         return self.sampling_params.model_copy(update={"top_k": 1, "top_p": 1.0})
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the run is asynchronous GRPO (``max_staleness`` > 0)."""
+        return self.max_staleness > 0
+
+    @property
+    def use_importance_sampling_fix(self) -> bool:
+        """Whether truncated IS is on (``importance_sampling_fix``; null: in async mode)."""
+        if self.importance_sampling_fix is None:
+            return self.is_async
+        return self.importance_sampling_fix
 
     @property
     def is_reinpp(self) -> bool:
@@ -508,11 +530,17 @@ class ReasoningConfig(RLinfModel):
                 f"token mean, but algorithm.loss_agg_mode is {alg.loss_agg_mode!r}; set "
                 "loss_agg_mode: token-mean or use_valid_token_scale: false"
             )
-        if alg.importance_sampling_fix and not actor.recompute_logprobs:
+        if alg.use_importance_sampling_fix and not actor.recompute_logprobs:
+            why = (
+                "algorithm.importance_sampling_fix=true"
+                if alg.importance_sampling_fix
+                else f"algorithm.max_staleness={alg.max_staleness} turns "
+                "algorithm.importance_sampling_fix on by default; it"
+            )
             raise ValueError(
-                "algorithm.importance_sampling_fix=true compares the actor's recomputed "
-                "logprobs with the engine's, but actor.recompute_logprobs is false; set "
-                "actor.recompute_logprobs: true or importance_sampling_fix: false"
+                f"{why} compares the actor's recomputed logprobs with the engine's, but "
+                "actor.recompute_logprobs is false; set actor.recompute_logprobs: true or "
+                "algorithm.importance_sampling_fix: false"
             )
         if self.rollout.engine == "vllm":
             for key, sampling in (

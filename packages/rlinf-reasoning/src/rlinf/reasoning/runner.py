@@ -17,6 +17,12 @@ One step (``N = algorithm.rollout_batch_size`` prompts, ``G = group_size``):
 
 Every sample of a step comes from the weights synced at its start (checked:
 the actor reports the versions it trained on).
+
+With ``algorithm.max_staleness`` = k > 0 the run is *asynchronous GRPO*
+(:mod:`rlinf.reasoning.async_grpo`): rollout and reward run continuously in the
+background, up to k steps ahead of the actor; a step trains on groups
+generated with weights at most k versions old (older ones are dropped and
+regenerated) and logs ``rollout/staleness_*`` and ``rollout/dropped_stale_groups``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from rlinf.core.protocols.workers import (
 )
 from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
+from rlinf.reasoning.async_grpo import AsyncPipeline, check_async_placement, staleness_metrics
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
@@ -70,6 +77,9 @@ def launch_reasoning_groups(
     name_prefix: str = "",
     timeout: float = 600.0,
     reward_cls: type[Worker] | None = None,
+    *,
+    rollout_cls: type[Worker] | None = None,
+    actor_cls: type[Worker] | None = None,
 ) -> tuple[ModelParallelComponentPlacement, WorkerGroup, WorkerGroup, WorkerGroup]:
     """Places and launches the rollout, reward and actor groups of ``cfg`` (concurrently).
 
@@ -81,6 +91,10 @@ def launch_reasoning_groups(
             torch and transformers take a while on a loaded machine).
         reward_cls: The reward worker class (a :class:`RewardWorker` subclass with
             your ``score``); default the math reward.
+        rollout_cls: The rollout worker class (a :class:`RolloutWorker` subclass);
+            default :class:`RolloutWorker`.
+        actor_cls: The actor worker class (an :class:`FSDPActor` or
+            :class:`MegatronActor` subclass); default by ``actor.training_backend``.
 
     Returns:
         ``(placement, actor, rollout, reward)``.
@@ -88,12 +102,18 @@ def launch_reasoning_groups(
     Raises:
         ValueError: If the placement does not fit the cluster or the world sizes do
             not divide the batch (the message names the key).
-        TypeError: If ``reward_cls`` does not implement ``ReasoningRewardWorker``.
+        TypeError: If a given class does not implement its role's protocol.
     """
     from rlinf.reasoning.workers import FSDPActor, MegatronActor, RewardWorker, RolloutWorker
 
-    if reward_cls is not None:  # fail before anything is placed
-        check_implements(reward_cls, ReasoningRewardWorker)
+    # fail before anything is placed
+    for cls, protocol in (
+        (reward_cls, ReasoningRewardWorker),
+        (rollout_cls, ReasoningRolloutWorker),
+        (actor_cls, ReasoningActorWorker),
+    ):
+        if cls is not None:
+            check_implements(cls, protocol)
     megatron = cfg.actor.training_backend == "megatron"
     parallel = cfg.actor.model
     # The placement checks that the actor ranks are a multiple of TP * PP (Megatron
@@ -120,13 +140,14 @@ def launch_reasoning_groups(
         reward=placement.reward_world_size,
     )
     collocated = placement.is_collocated
+    check_async_placement(cfg, collocated)
     # The three groups start at once (worker start-up dominates small runs); if one
     # fails, none is left running.
     groups = launch_groups(
         cluster,
         {
             f"{name_prefix}RolloutGroup": (
-                RolloutWorker.create_group(cfg, collocated),
+                (rollout_cls or RolloutWorker).create_group(cfg, collocated),
                 placement.get_strategy("rollout"),
             ),
             f"{name_prefix}RewardGroup": (
@@ -134,7 +155,9 @@ def launch_reasoning_groups(
                 placement.get_strategy("reward"),
             ),
             f"{name_prefix}ActorGroup": (
-                (MegatronActor if megatron else FSDPActor).create_group(cfg, collocated),
+                (actor_cls or (MegatronActor if megatron else FSDPActor)).create_group(
+                    cfg, collocated
+                ),
                 placement.get_strategy("actor"),
             ),
         },
@@ -175,6 +198,15 @@ class ReasoningRunner(ClosesOnExit):
         check_implements(actor.worker_cls, ReasoningActorWorker)
         check_implements(rollout.worker_cls, ReasoningRolloutWorker)
         check_implements(reward.worker_cls, ReasoningRewardWorker)
+        check_async_placement(cfg, collocated)
+        if cfg.algorithm.is_async:
+            for group, method in ((rollout, "generate_stream"), (reward, "score_stream")):
+                if not callable(getattr(group.worker_cls, method, None)):
+                    raise TypeError(
+                        f"algorithm.max_staleness > 0 (asynchronous GRPO) needs "
+                        f"{group.worker_cls.__qualname__}.{method}(); subclass the default "
+                        "RolloutWorker / RewardWorker or set algorithm.max_staleness: 0"
+                    )
         self.cfg = cfg
         self.actor, self.rollout, self.reward = actor, rollout, reward
         self.collocated = collocated
@@ -193,6 +225,7 @@ class ReasoningRunner(ClosesOnExit):
         self._res = RunResources(cfg.runner.logger, cfg)
         self._initialized = False
         self._evaluated = False
+        self._async = AsyncPipeline(self) if cfg.algorithm.is_async else None
 
     # ------------------------------------------------------------------ setup
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
@@ -208,6 +241,8 @@ class ReasoningRunner(ClosesOnExit):
         """
         cfg = self.cfg
         self._initialized = False  # also after a relaunch: state comes from the checkpoint
+        if self._async is not None:
+            self._async.reset()
         self.global_step = 0
         self.synced_version = None
         _check_model_dir(cfg.actor.model_path, "actor.model_path")
@@ -341,6 +376,8 @@ class ReasoningRunner(ClosesOnExit):
         """
         if not self._initialized:
             raise RuntimeError("call init_workers() before train_step()")
+        if self._async is not None:
+            return self._async_train_step(self._async)
         cfg, step = self.cfg, self.global_step
         start = time.perf_counter()
         indices = self._next_indices()
@@ -400,12 +437,71 @@ class ReasoningRunner(ClosesOnExit):
                 "time/stage_sum": stage_sum,
                 "train/overlap_ratio": stage_sum / t_step if t_step > 0 else float("nan"),
                 "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
+                "train/samples_per_s": _samples_per_s(cfg, t_step),
                 "train/weight_version": float(step),
                 "rollout/generated_tokens": float(tokens),
             }
         )
         self.global_step = step + 1
         return metrics
+
+    def _async_train_step(self, pipe: AsyncPipeline) -> dict[str, float]:
+        """One step of asynchronous GRPO (see :mod:`rlinf.reasoning.async_grpo`)."""
+        cfg, step = self.cfg, self.global_step
+        k = cfg.algorithm.max_staleness
+        start = time.perf_counter()
+        pipe.start(step)  # the first step: a full sync, then the streams start
+        t_sync = time.perf_counter() - start
+        if self.synced_version != step:
+            t_sync += pipe.sync(step)
+        pipe.issue(step)
+        actor_out = pipe.train(step)
+        t_step = time.perf_counter() - start
+        versions = sorted({v for r in actor_out for v in r["versions"]})
+        if versions and (versions[0] < step - k or versions[-1] > step):
+            raise RuntimeError(
+                f"step {step} trained on weight versions {versions}; asynchronous GRPO with "
+                f"algorithm.max_staleness={k} allows {max(0, step - k)}..{step} only"
+            )
+        self.data_history.append(sorted(i for r in actor_out for i in r["indices"]))
+        metrics: dict[str, float] = {}
+        stats = [r["rollout"] for r in actor_out]
+        metrics.update(_rollout_metrics(stats))
+        metrics.update(
+            staleness_metrics(
+                [s for r in actor_out for s in r["staleness"]],
+                sum(r["dropped"] for r in actor_out),
+                k,
+            )
+        )
+        train = [r["train"] for r in actor_out]
+        for key in train[0]:
+            metrics[key] = float(np.mean([t[key] for t in train]))
+        tokens = sum(s.get("response_length_sum", 0.0) for s in stats)
+        metrics.update(
+            {
+                "time/step": t_step,
+                "time/sync_weights": t_sync,
+                "time/actor/training": max(r["time"]["train"] for r in actor_out),
+                "time/actor/inference": max(r["time"]["recompute"] for r in actor_out),
+                "time/actor/wait": max(r["time"]["wait"] for r in actor_out),
+                "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
+                "train/samples_per_s": _samples_per_s(cfg, t_step),
+                "train/weight_version": float(step),
+                "rollout/generated_tokens": float(tokens),
+            }
+        )
+        self.global_step = step + 1
+        return metrics
+
+    def _ensure_synced(self, version: int) -> None:
+        """Makes the rollout hold weights ``version`` (waits for the load in async mode)."""
+        if self._async is not None and self._async.running:
+            if self.synced_version != version:
+                self._async.sync(version)
+            self._async.wait_synced()
+        elif self.synced_version != version:
+            self.sync_weights(version)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self) -> dict[str, float]:
@@ -428,8 +524,7 @@ class ReasoningRunner(ClosesOnExit):
         first = not self._evaluated
         if first:
             _log.info("first eval (step %d) ...", self.global_step)
-        if self.synced_version != self.global_step:
-            self.sync_weights(self.global_step)
+        self._ensure_synced(self.global_step)
         count = len(self.val_set)
         if cfg.runner.val_max_prompts is not None:
             count = min(count, cfg.runner.val_max_prompts)
@@ -478,6 +573,25 @@ class ReasoningRunner(ClosesOnExit):
         """
         if not self._initialized:
             self.init_workers()
+        if self._async is not None:
+            pipe = self._async
+            attempt = self._run_attempt
+
+            def run_async() -> dict[str, float]:
+                try:
+                    out = attempt()
+                except BaseException:
+                    pipe.abort()  # the channels may be closed: do not wait for the streams
+                    raise
+                pipe.stop()
+                return out
+
+            return run_with_restarts(
+                run_async,
+                groups=(self.actor, self.rollout, self.reward),
+                max_restarts=self.cfg.runner.max_restarts,
+                resume=resume_from_newest(self, self.cfg.runner.resume_dir),
+            )
         return run_with_restarts(
             self._run_attempt,
             groups=(self.actor, self.rollout, self.reward),
@@ -539,10 +653,15 @@ class ReasoningRunner(ClosesOnExit):
         step = self.global_step
         with new_checkpoint(self.checkpoint_root, step) as path:
             self.actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
+            cursor = (
+                self._async.cursor_for(step)
+                if self._async is not None
+                else self.sampler.state_dict()
+            )
             progress = RunProgress(
                 global_step=step,
                 restarts=self.restarts,
-                data_cursor=self.sampler.state_dict(),
+                data_cursor=cursor,
                 rng=rng_state(cuda=False),  # the driver leaves the GPUs to the workers
             )
             save_run_state(path, progress, self.cfg)
@@ -577,12 +696,27 @@ class ReasoningRunner(ClosesOnExit):
         return self.global_step
 
     # ------------------------------------------------------------------ shutdown
+    def stop_streams(self) -> None:
+        """Async mode: stops the background rollout and reward streams (idempotent).
+
+        :meth:`run` does it when it ends; call it after driving :meth:`train_step`
+        yourself.
+        """
+        if self._async is not None:
+            self._async.stop()
+
     def close(self) -> None:
         """Closes the metric logger and removes the channels (idempotent).
 
         The worker groups belong to the caller: shut them down afterwards (or
         call :meth:`shutdown`, which does both).
         """
+        if self._async is not None and self._async.running:
+            try:
+                self._async.stop()
+            except Exception as err:  # closing anyway; the channels go below
+                _log.warning("stopping the async streams failed: %s", err)
+                self._async.abort()
         self._res.close()
 
     def shutdown(self, groups: bool = True) -> None:
@@ -609,6 +743,12 @@ def _check_model_dir(path: Path, key: str) -> None:
         raise FileNotFoundError(
             f"{key}={str(path)!r} has no config.json; it is not a save_pretrained model directory"
         )
+
+
+def _samples_per_s(cfg: ReasoningConfig, seconds: float) -> float:
+    """Trained responses (N * G) per second of a step."""
+    n = cfg.algorithm.rollout_batch_size * cfg.algorithm.group_size
+    return n / seconds if seconds > 0 else 0.0
 
 
 def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:

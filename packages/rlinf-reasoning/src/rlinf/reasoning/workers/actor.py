@@ -55,7 +55,7 @@ from rlinf.core.algorithms import (
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
 from rlinf.core.optim import lr_lambda, move_optimizer_state
-from rlinf.core.protocols.reasoning import RolloutResult
+from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.seeding import derive_seed
 from rlinf.core.train_state import load_train_state, save_train_state
 from rlinf.core.weight_sync import WeightBucket, send_weights
@@ -434,16 +434,30 @@ class FSDPActor(Worker):
         for i, s in enumerate(samples):
             s.advantages = adv[i, : s.response_length].float()
 
-    def run_training(self, channel: Channel, step: int) -> dict[str, Any]:
+    def run_training(
+        self, channel: Channel, step: int, requeue: Channel | None = None
+    ) -> dict[str, Any]:
         """Trains on this rank's share of step ``step``'s prompt groups from ``channel``.
+
+        In asynchronous GRPO (``algorithm.max_staleness`` = k > 0) the actor's
+        weights are version ``step``; a group generated with a version older than
+        ``step - k`` is dropped (never trained on), counted, and its prompt is put
+        back on ``requeue`` (when given) so the rollout generates it again.
 
         Args:
             channel: Where the rewarded :class:`RolloutResult` groups arrive.
-            step: The global step (0-based) being trained.
+            step: The global step (0-based) being trained (= the weight version).
+            requeue: Async mode: the request channel that takes dropped prompts back.
 
         Returns:
             ``{"train": minibatch-averaged actor metrics, "rollout": rollout
-            statistics of this rank's groups, "time": busy seconds}``.
+            statistics of this rank's groups, "time": busy seconds, "versions"
+            and "indices" of the trained groups, "staleness": ``step - version``
+            of each trained group, "dropped": groups dropped as too stale}``.
+
+        Raises:
+            RuntimeError: A group without rewards, or generated with weights newer
+                than the actor's.
         """
         cfg, alg = self.cfg, self.cfg.algorithm
         share = alg.rollout_batch_size // self.dp_size
@@ -457,6 +471,7 @@ class FSDPActor(Worker):
         samples: list[Sample] = []
         results: list[RolloutResult] = []
         busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0}
+        dropped: list[int] = []  # dataset indices of the groups dropped as too stale
         train_start = float("nan")  # time.time() when the first micro-batch started
         lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
 
@@ -470,6 +485,9 @@ class FSDPActor(Worker):
                     raise RuntimeError(
                         f"the group of prompt {item.index} reached the actor without rewards"
                     )
+                if self._too_stale(item, step, requeue, timeout):
+                    dropped.append(item.index)
+                    continue
                 results.append(item)
                 fresh = self._samples(item)
                 if stream:
@@ -569,7 +587,7 @@ class FSDPActor(Worker):
             {"step": float(step), "train_start": train_start, "train_end": time.time()}
         )
         if not self._reports_data:  # a model-parallel peer: its replica's first rank reports
-            samples, results = [], []
+            samples, results, dropped = [], [], []
         return {
             # skipped_steps: a count (every rank saw the same global norm), not a mean
             "train": {**train_means.means(), "actor/skipped_steps": float(skipped)},
@@ -577,7 +595,39 @@ class FSDPActor(Worker):
             "time": busy,
             "versions": sorted({r.version for r in results}),
             "indices": [r.index for r in results],
+            "staleness": [step - r.version for r in results],
+            "dropped": len(dropped),
         }
+
+    def _too_stale(
+        self, item: RolloutResult, version: int, requeue: Channel | None, timeout: float
+    ) -> bool:
+        """Whether ``item`` is older than ``algorithm.max_staleness`` versions (async mode).
+
+        A dropped group's prompt goes back on ``requeue`` (once per data-parallel
+        replica) to be generated again with newer weights.
+
+        Raises:
+            RuntimeError: If ``item`` comes from weights newer than ``version``.
+        """
+        alg = self.cfg.algorithm
+        if item.version > version:
+            raise RuntimeError(
+                f"the group of prompt {item.index} was generated with weight version "
+                f"{item.version}, newer than the actor's {version}"
+            )
+        if not alg.is_async or version - item.version <= alg.max_staleness:
+            return False
+        if requeue is not None and self._reports_data:
+            request = RolloutRequest(
+                prompt_ids=list(item.prompt_ids),
+                answers=list(item.answers),
+                group_size=item.group_size,
+                index=item.index,
+                step=version,
+            )
+            requeue.put(request, timeout=timeout)
+        return True
 
     def _micro_step(
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
@@ -603,7 +653,7 @@ class FSDPActor(Worker):
         adv = pad_rows([s.advantages for s in batch], width).to(self.device)
         rollout_lp = pad_rows([s.rollout_logprobs for s in batch], width).to(self.device)
         extra: dict[str, Any] = {}
-        if alg.importance_sampling_fix:  # old = the actor's recomputation (config check)
+        if alg.use_importance_sampling_fix:  # old = the actor's recomputation (config check)
             weights = truncated_is_weights(old, rollout_lp, alg.importance_sampling_clip, mask)
             adv = adv * weights
             extra["actor/is_weight_mean"] = masked_mean(weights, mask)

@@ -15,6 +15,7 @@ launch the subclass in place of this one; see ``docs/reasoning.md``.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,9 @@ class RewardWorker(Worker):
         setup_torch_threads(cfg.cluster.torch_threads)
         self.cfg = cfg
         self.scorer: MathRewardScorer | None = None
+        # score_stream (async mode) and evaluate run on two threads of this worker;
+        # the scorer and tokenizer are used by one at a time.
+        self._score_lock = threading.Lock()
 
     def init_worker(self) -> dict[str, Any]:
         """Loads the tokenizer and starts the scoring pool.
@@ -145,13 +149,42 @@ class RewardWorker(Worker):
         busy = 0.0
         for _ in range(share):
             result: RolloutResult = inputs.get(timeout=timeout)
-            t0 = time.perf_counter()
-            texts = self.decode(result)
-            result.rewards = self.score(texts, [result.answers] * len(texts))
-            result.response_texts = texts
-            busy += time.perf_counter() - t0
+            busy += self._reward_group(result)
             outputs.put(result, timeout=timeout)
         return {"groups": share, "busy_s": busy}
+
+    def score_stream(self, inputs: Channel, outputs: Channel) -> dict[str, Any]:
+        """Async mode: scores groups from ``inputs`` into ``outputs`` until a ``None`` arrives.
+
+        Args:
+            inputs: Channel of generated :class:`RolloutResult` groups (``None`` ends it).
+            outputs: Channel for the rewarded groups.
+
+        Returns:
+            ``{"groups", "busy_s"}``.
+        """
+        timeout = self.cfg.runner.channel_timeout_s
+        busy = 0.0
+        groups = 0
+        while True:
+            try:
+                result: RolloutResult | None = inputs.get(timeout=timeout)
+            except TimeoutError:
+                continue  # the rollout is waiting for the actor (a slow step, eval, a save)
+            if result is None:
+                return {"groups": groups, "busy_s": busy}
+            busy += self._reward_group(result)
+            outputs.put(result, timeout=timeout)
+            groups += 1
+
+    def _reward_group(self, result: RolloutResult) -> float:
+        """Decodes and scores ``result`` in place; returns the seconds it took."""
+        t0 = time.perf_counter()
+        with self._score_lock:
+            texts = self.decode(result)
+            result.rewards = self.score(texts, [result.answers] * len(texts))
+        result.response_texts = texts
+        return time.perf_counter() - t0
 
     def evaluate(self, results: list[RolloutResult]) -> list[tuple[list[float], list[bool]]]:
         """Rewards and correctness of held-out groups.
@@ -162,14 +195,15 @@ class RewardWorker(Worker):
         Returns:
             Per group: its rewards and whether each response is correct.
         """
-        texts = [self.decode(r) for r in results]
-        flat = [t for group in texts for t in group]
-        refs = [r.answers for r, group in zip(results, texts, strict=True) for _ in group]
-        flags = self.judge(flat, refs)
-        if type(self).score is RewardWorker.score:  # default score: reuse the verdicts
-            rewards = self._rewards_of(flags)
-        else:  # a custom reward sees the eval responses too
-            rewards = self.score(flat, refs)
+        with self._score_lock:
+            texts = [self.decode(r) for r in results]
+            flat = [t for group in texts for t in group]
+            refs = [r.answers for r, group in zip(results, texts, strict=True) for _ in group]
+            flags = self.judge(flat, refs)
+            if type(self).score is RewardWorker.score:  # default score: reuse the verdicts
+                rewards = self._rewards_of(flags)
+            else:  # a custom reward sees the eval responses too
+                rewards = self.score(flat, refs)
         out: list[tuple[list[float], list[bool]]] = []
         k = 0
         for group in texts:
