@@ -157,6 +157,11 @@ fn broken() -> io::Error {
 }
 
 impl UcxEndpoint {
+    /// `e`, with the agent's address in its message.
+    fn named(&self, e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), format!("{e} (channel agent at {})", self.address))
+    }
+
     fn live_ep(&self) -> io::Result<&Ep> {
         self.ep.as_ref().ok_or_else(broken)
     }
@@ -217,7 +222,15 @@ impl UcxEndpoint {
                     None => i += 1,
                     Some(r) => {
                         reqs.swap_remove(i);
-                        r?;
+                        r.map_err(|e| {
+                            io::Error::new(
+                                e.kind(),
+                                format!(
+                                    "UCX {what} with the channel agent at {}: {e}",
+                                    self.address
+                                ),
+                            )
+                        })?;
                     }
                 }
             }
@@ -342,8 +355,15 @@ impl Endpoint for UcxEndpoint {
                 self.blocks.remove(&token);
             }
         }
-        wire::write_frame(&mut self.stream, request)?;
-        wire::read_frame(&mut self.stream, reply)?;
+        let address = &self.address;
+        let lost = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("lost the channel agent at {address}: {e}"),
+            )
+        };
+        wire::write_frame(&mut self.stream, request).map_err(lost)?;
+        wire::read_frame(&mut self.stream, reply).map_err(lost)?;
         self.learn(request, reply)
     }
 
@@ -365,13 +385,13 @@ impl Endpoint for UcxEndpoint {
                 // SAFETY: every posted put is waited for below, or cancelled
                 // by `abandon` (a forced close) before this function returns,
                 // so `s` outlives its use by UCX.
-                if let Some(r) = unsafe { ep.put(s, at, rkey) }? {
+                if let Some(r) = unsafe { ep.put(s, at, rkey) }.map_err(|e| self.named(e))? {
                     reqs.push(r);
                 }
                 at += s.len() as u64;
             }
             // Remote completion before the caller publishes.
-            reqs.extend(ep.flush()?);
+            reqs.extend(ep.flush().map_err(|e| self.named(e))?);
             Ok(reqs)
         })();
         let r = match posted {
@@ -389,7 +409,7 @@ impl Endpoint for UcxEndpoint {
             let (ep, rkey, at) = self.block(&src, dst.len(), "post_read")?;
             // SAFETY: the get is waited for below, or cancelled by `abandon`
             // before this function returns, so `dst` outlives its use by UCX.
-            unsafe { ep.get(dst, at, rkey) }
+            unsafe { ep.get(dst, at, rkey) }.map_err(|e| self.named(e))
         })();
         let r = match posted {
             Ok(req) => self.wait(req.into_iter().collect(), "get", None),
