@@ -234,15 +234,14 @@ fn home_killed(tls: &str, mid_transfer: bool) {
         let (tx, rx) = mpsc::channel();
         let putter = thread::spawn(move || {
             let payload = vec![9u8; ITEM];
-            let home_side = loop {
+            loop {
                 match r.put(lane, b"x", &[&payload], 0, Some(BOUND), false) {
                     Ok(()) => {
                         let _ = tx.send(());
                     }
                     Err(e) => break e,
                 }
-            };
-            home_side
+            }
         });
         // Let a few puts through, draining them at home so they keep flowing.
         let hl = home.lane(b"k").unwrap();
