@@ -205,3 +205,27 @@ impl Transport for Auto {
         tcp::TcpTransport.connect(address, timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_names_the_variable_value_and_choices() {
+        let err = select(Some("rdma")).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let msg = err.to_string();
+        for part in [TRANSPORT_ENV, "\"rdma\"", TRANSPORT_CHOICES] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert_eq!(select(Some("tcp")).unwrap().name(), "tcp");
+        assert!(select(None).is_ok() && select(Some(" auto ")).is_ok());
+        match select(Some("ucx")) {
+            Ok(t) => assert!(UCX_COMPILED && t.name() == "ucx"),
+            Err(e) => assert!(
+                !UCX_COMPILED && e.to_string().contains("no UCX support"),
+                "{e}"
+            ),
+        }
+    }
+}
