@@ -158,12 +158,15 @@ fn producer_killed_mid_put(tls: &str) {
     // Then kill it while a put is in flight (a block is being written),
     // consuming meanwhile so that the producer never blocks on a full lane.
     let caught = wait_until(|| {
-        if home.stats().unwrap().writing_blocks > 0 {
-            return true;
+        // Watch closely for a while, then make room (items published
+        // before the kill are checked by the drain below only).
+        let watch = Instant::now();
+        while watch.elapsed() < Duration::from_millis(5) {
+            if home.stats().unwrap().writing_blocks > 0 {
+                return true;
+            }
         }
-        if let Ok(lease) = home.get(lane, None, true) {
-            check_item(lease.bytes());
-        }
+        drop(home.get(lane, None, true));
         false
     });
     kill(producer);
