@@ -7,6 +7,11 @@
 //! block. When a connection ends, its unpublished reservations are withdrawn
 //! and its leases released (by `Drop`), so a dead remote peer never wedges a
 //! lane or leaks memory.
+//!
+//! With the `ucx` feature, a connection that says hello (`OP_UCX_HELLO`) gets
+//! its payloads moved by UCX instead: the agent registers each channel it
+//! opens for that connection with this process's UCX worker and tells the
+//! peer where each reserved or leased block lives (see `transport::ucx`).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -87,6 +92,9 @@ impl Drop for Agent {
 /// Per-connection state.
 #[derive(Default)]
 struct Session {
+    // First field: dropped (unregistered) before the channels it maps.
+    #[cfg(feature = "ucx")]
+    ucx: Option<UcxSession>,
     channels: Vec<Channel>,
     pending: HashMap<u64, PendingPut>,
     poisoned: HashMap<u64, String>,
@@ -105,6 +113,81 @@ impl Session {
         self.next_token += 1;
         self.next_token
     }
+}
+
+/// A connection's UCX state: the home worker and one registered region per
+/// opened channel (indexed like `Session::channels`).
+#[cfg(feature = "ucx")]
+struct UcxSession {
+    home: Arc<crate::transport::ucx::Home>,
+    regions: Vec<crate::ucx_sys::MemRegion>,
+}
+
+impl Session {
+    /// Whether payloads of this connection move by UCX (replies carry keys
+    /// and block addresses).
+    fn ucx(&self) -> bool {
+        #[cfg(feature = "ucx")]
+        return self.ucx.is_some();
+        #[cfg(not(feature = "ucx"))]
+        false
+    }
+
+    /// Ends UCX use: unregisters the regions, then lets the progress thread
+    /// apply whatever the peer had already sent, so no late write lands in a
+    /// block after it is withdrawn (which happens when the session drops).
+    fn end_ucx(&mut self) {
+        #[cfg(feature = "ucx")]
+        if let Some(u) = self.ucx.take() {
+            drop(u.regions);
+            u.home.quiesce();
+        }
+    }
+}
+
+#[cfg(feature = "ucx")]
+fn ucx_hello(s: &mut Session) -> Result<Vec<u8>, ChannelError> {
+    if !s.channels.is_empty() || s.ucx.is_some() {
+        return Err(ChannelError::Invalid(
+            "UCX hello must be the first message of a connection".into(),
+        ));
+    }
+    let home = crate::transport::ucx::home()
+        .map_err(|e| ChannelError::Invalid(format!("UCX cannot start on the home node: {e}")))?;
+    let reply = Writer::new(OK).bytes(home.address()).finish();
+    s.ucx = Some(UcxSession {
+        home,
+        regions: Vec::new(),
+    });
+    Ok(reply)
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_hello(_: &mut Session) -> Result<Vec<u8>, ChannelError> {
+    Err(ChannelError::Invalid(
+        "this channel agent was built without UCX support (the `ucx` cargo feature)".into(),
+    ))
+}
+
+/// Registers a newly opened channel's mapping; returns its packed key.
+#[cfg(feature = "ucx")]
+fn ucx_register(s: &mut Session, ch: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
+    let Some(u) = s.ucx.as_mut() else {
+        return Ok(None);
+    };
+    let (base, len) = ch.mapped_region();
+    // SAFETY: the region is dropped before the channel handle that keeps the
+    // mapping alive: `end_ucx` runs before the session's channels drop, and
+    // `ucx` is the session's first field.
+    let (region, key) = unsafe { u.home.register(base, len) }
+        .map_err(|e| ChannelError::Invalid(format!("cannot register the channel with UCX: {e}")))?;
+    u.regions.push(region);
+    Ok(Some(key))
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_register(_: &mut Session, _: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
+    Ok(None)
 }
 
 fn serve(stream: TcpStream) {
@@ -136,6 +219,7 @@ fn serve(stream: TcpStream) {
             break;
         }
     }
+    session.end_ucx();
     // Dropping the session withdraws unpublished puts and releases leases.
 }
 
@@ -178,6 +262,7 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
     let mut r = Reader::new(frame);
     let op = r.u8()?;
     Ok(match op {
+        OP_UCX_HELLO => ucx_hello(s)?,
         OP_OPEN => {
             let (ns, name, create) = (r.str()?.to_owned(), r.str()?.to_owned(), r.u8()? != 0);
             let opts = ChannelOptions {
@@ -192,14 +277,17 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             } else {
                 Channel::attach(&ns, &name)?
             };
-            let reply = Writer::new(OK)
+            let key = ucx_register(s, &ch)?;
+            let mut reply = Writer::new(OK)
                 .u32(s.channels.len() as u32)
                 .u32(ch.lane_capacity())
                 .u32(ch.user_tag())
-                .u64(ch.arena_size())
-                .finish();
+                .u64(ch.arena_size());
+            if let Some(key) = key {
+                reply = reply.bytes(&key);
+            }
             s.channels.push(ch);
-            reply
+            reply.finish()
         }
         OP_LANE => {
             let ch = s.channel(r.u32()?)?;
@@ -209,10 +297,14 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             let ch = s.channel(r.u32()?)?.clone();
             let (lane, total, weight) = (r.u32()?, r.u64()?, r.i64()?);
             let (timeout, nonblocking) = (timeout_from_ms(r.i64()?), r.u8()? != 0);
-            let pending = ch.reserve_put(lane, total, weight, timeout, nonblocking)?;
+            let mut pending = ch.reserve_put(lane, total, weight, timeout, nonblocking)?;
             let token = s.token();
+            let mut reply = Writer::new(OK).u64(token);
+            if s.ucx() {
+                reply = reply.u64(pending.block_mut().as_mut_ptr() as u64);
+            }
             s.pending.insert(token, pending);
-            Writer::new(OK).u64(token).finish()
+            reply.finish()
         }
         OP_PUBLISH => {
             let token = r.u64()?;
@@ -236,10 +328,16 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
                 ch.get_batch(lane, target, timeout)?
             };
             let mut w = Writer::new(OK).u32(leases.len() as u32);
+            let addresses: Vec<u64> = leases.iter().map(|l| l.as_ptr() as u64).collect();
             for lease in leases {
                 let token = s.token();
                 w = w.u64(token).u64(lease.len() as u64);
                 s.leases.insert(token, lease);
+            }
+            if s.ucx() {
+                for a in addresses {
+                    w = w.u64(a);
+                }
             }
             w.finish()
         }

@@ -1051,6 +1051,13 @@ impl Channel {
         }
     }
 
+    /// This handle's whole mapping of the segment (base, length), for a
+    /// transport that registers it (the UCX agent). Valid while any clone of
+    /// this handle lives.
+    pub fn mapped_region(&self) -> (*mut u8, usize) {
+        (self.inner.map.base(), self.inner.map.size())
+    }
+
     /// The shared-memory segment name (`rlinf.<namespace>.<name>`).
     pub fn segment_name(&self) -> &str {
         &self.inner.seg_name

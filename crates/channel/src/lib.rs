@@ -10,6 +10,7 @@
 //!   channels to other nodes, its client, and their control messages.
 //! - [`spin`]: the adaptive spin-then-sleep policy of waiters.
 //! - `sys` (private): audited wrappers over shm, mmap, flock, futex, liveness.
+//! - `ucx_sys` (private, feature `ucx`): audited wrappers over the UCX C shim.
 //!
 //! The core is plain Rust; the Python bindings live in `python` behind the
 //! `python` feature, which maturin enables when it builds `rlinf.core._native`.
@@ -24,6 +25,8 @@ pub mod remote;
 pub mod spin;
 mod sys;
 pub mod transport;
+#[cfg(feature = "ucx")]
+mod ucx_sys;
 pub mod wire;
 
 #[cfg(feature = "python")]
@@ -36,6 +39,8 @@ pub use channel::{
 };
 pub use remote::RemoteChannel;
 pub use transport::tcp::TcpTransport;
+#[cfg(feature = "ucx")]
+pub use transport::ucx::UcxTransport;
 
 /// Version of this crate, as Cargo knows it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -26,6 +26,11 @@ pub const OP_RECLAIM: u8 = 10;
 pub const OP_WAIT_READABLE: u8 = 11;
 /// Arena counters.
 pub const OP_STATS: u8 = 12;
+/// UCX hello: the reply carries the agent's UCX worker address, and from then
+/// on the session's open replies end with the channel's packed UCX key and
+/// its reserve and take replies with the home-node address of each block
+/// (see `transport::ucx`). Agents built without the `ucx` feature refuse it.
+pub const OP_UCX_HELLO: u8 = 13;
 
 /// Reply status: success.
 pub const OK: u8 = 0;

@@ -22,7 +22,6 @@ use pyo3::{create_exception, ffi};
 use crate::agent::Agent;
 use crate::channel::{Channel, ChannelError, ChannelOptions, Lease, parse_message};
 use crate::remote::RemoteChannel;
-use crate::transport::tcp::TcpTransport;
 
 create_exception!(
     _native,
@@ -319,8 +318,9 @@ impl Core {
         match self {
             Core::Local(ch) => format!("a local shared-memory channel ({})", ch.segment_name()),
             Core::Remote(ch) => format!(
-                "a remote channel reached through the agent at {}",
-                ch.address()
+                "a remote channel reached through the agent at {} over {}",
+                ch.address(),
+                ch.transport()
             ),
         }
     }
@@ -408,14 +408,26 @@ impl ChannelCore {
             arena_bytes,
             user_tag,
         });
+        let transport = crate::transport::from_env().map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
+            _ => PyOSError::new_err(e.to_string()),
+        })?;
         let ch = py
-            .detach(|| {
-                RemoteChannel::connect(Arc::new(TcpTransport), address, namespace, name, opts)
-            })
+            .detach(|| RemoteChannel::connect(transport, address, namespace, name, opts))
             .map_err(to_py)?;
         Ok(Self {
             core: Core::Remote(ch),
         })
+    }
+
+    /// The transport moving payloads: `"shm"` for a local channel, else what
+    /// `RLINF_CHANNEL_TRANSPORT` selected (`"tcp"`, `"ucx"`).
+    #[getter]
+    fn transport(&self) -> &'static str {
+        match &self.core {
+            Core::Local(_) => "shm",
+            Core::Remote(ch) => ch.transport(),
+        }
     }
 
     /// Whether the channel is reached through another node's agent.
@@ -720,6 +732,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_owned_names, m)?)?;
     m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
+    m.add("UCX_COMPILED", crate::transport::UCX_COMPILED)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;
     m.add_class::<ChannelAgent>()?;

@@ -52,6 +52,7 @@ pub struct RemoteChannel {
     lane_capacity: u32,
     user_tag: u32,
     arena_size: u64,
+    moved_by: &'static str,
 }
 
 fn open(
@@ -107,7 +108,9 @@ impl RemoteChannel {
     ) -> Result<Self> {
         let (conn, lane_capacity, user_tag, arena_size) =
             open(&*transport, address, namespace, name, create)?;
+        let moved_by = conn.ep.transport();
         Ok(Self {
+            moved_by,
             address: address.to_owned(),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
@@ -168,6 +171,12 @@ impl RemoteChannel {
                 other => return other,
             }
         }
+    }
+
+    /// The transport that moved the first connection's payloads (`"tcp"`,
+    /// `"ucx"`); with `auto`, what it picked.
+    pub fn transport(&self) -> &'static str {
+        self.moved_by
     }
 
     /// The agent's address (`host:port`).

@@ -104,6 +104,11 @@ impl Mapping {
         self.ptr.as_ptr()
     }
 
+    /// Length of the mapping in bytes.
+    pub fn size(&self) -> usize {
+        self.len
+    }
+
     /// Faults in `[off, off + len)` for writing, so a later copy runs at memcpy
     /// speed and a full `/dev/shm` is reported as an error instead of SIGBUS.
     pub fn populate_write(&self, off: u64, len: u64) -> io::Result<()> {

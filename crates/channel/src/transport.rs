@@ -13,15 +13,22 @@
 //!    the agent registered; no CPU on the home node touches the bytes.
 //! 3. A final control message publishes the item or releases the block.
 //!
+//! [`select`] picks the transport from `RLINF_CHANNEL_TRANSPORT`
+//! (`auto`, `tcp`, `ucx`); `ucx` exists when the crate is built with the
+//! `ucx` feature (see [`ucx`]).
+//!
 //! [`tcp::TcpTransport`] implements the contract over TCP: the home node's
 //! agent emulates the one-sided operations by `recv`-ing directly into the
 //! arena block (writes) and `send`-ing straight from it (reads), so payload
 //! bytes are copied once on each side and never staged in a heap buffer.
 
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub mod tcp;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 /// Remote memory: a registered region (for the channel agent, one block held
 /// by this connection, named by its token), an offset and a length.
@@ -58,6 +65,11 @@ pub trait Endpoint: Send {
 
     /// Moves finished operations into `done`; returns how many.
     fn poll(&mut self, done: &mut Vec<(OpId, io::Result<()>)>) -> io::Result<usize>;
+
+    /// Name of the transport that moves this endpoint's payloads.
+    fn transport(&self) -> &'static str {
+        "tcp"
+    }
 }
 
 /// A way to reach other nodes.
@@ -78,5 +90,142 @@ pub fn wait_op(ep: &mut dyn Endpoint, op: OpId) -> io::Result<()> {
             return done.swap_remove(i).1;
         }
         std::thread::yield_now();
+    }
+}
+
+/// Environment variable choosing the node transport: `auto` (default), `tcp`, `ucx`.
+pub const TRANSPORT_ENV: &str = "RLINF_CHANNEL_TRANSPORT";
+
+/// The values [`TRANSPORT_ENV`] accepts.
+pub const TRANSPORT_CHOICES: &str = "auto, tcp, ucx";
+
+/// Whether this build includes the UCX transport (the `ucx` cargo feature).
+pub const UCX_COMPILED: bool = cfg!(feature = "ucx");
+
+/// The transport named by `value` (a [`TRANSPORT_ENV`] value; `None` or empty
+/// means `auto`).
+///
+/// - `tcp`: [`tcp::TcpTransport`].
+/// - `ucx`: the UCX transport; an error if this build lacks it or UCX cannot
+///   initialise here (`UCX_TLS` and other `UCX_*` variables pass through).
+/// - `auto`: UCX when compiled in, usable here and served by the agent,
+///   else TCP (per connection).
+///
+/// # Errors
+/// An invalid value (the error names the variable, the value and the
+/// choices), or `ucx` where UCX is unavailable.
+pub fn select(value: Option<&str>) -> io::Result<Arc<dyn Transport>> {
+    match value.map(str::trim).unwrap_or("") {
+        "" | "auto" => Ok(Arc::new(Auto::new())),
+        "tcp" => Ok(Arc::new(tcp::TcpTransport)),
+        "ucx" => ucx_selected(),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{TRANSPORT_ENV}={other:?} is not a transport; choose one of {TRANSPORT_CHOICES}"
+            ),
+        )),
+    }
+}
+
+/// [`select`] applied to the environment.
+///
+/// # Errors
+/// As [`select`].
+pub fn from_env() -> io::Result<Arc<dyn Transport>> {
+    select(std::env::var(TRANSPORT_ENV).ok().as_deref())
+}
+
+#[cfg(feature = "ucx")]
+fn ucx_selected() -> io::Result<Arc<dyn Transport>> {
+    let t = ucx::UcxTransport::new();
+    t.worker().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{TRANSPORT_ENV}=ucx, but UCX cannot start here: {e} (check `ucx_info -d`)"),
+        )
+    })?;
+    Ok(Arc::new(t))
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_selected() -> io::Result<Arc<dyn Transport>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "{TRANSPORT_ENV}=ucx, but this build of rlinf-channel has no UCX support \
+             (rebuild with the `ucx` cargo feature; see docs/channel.md)"
+        ),
+    ))
+}
+
+/// `auto`: UCX where it works for a connection, else TCP.
+struct Auto {
+    #[cfg(feature = "ucx")]
+    ucx: ucx::UcxTransport,
+}
+
+impl Auto {
+    fn new() -> Self {
+        Self {
+            #[cfg(feature = "ucx")]
+            ucx: ucx::UcxTransport::new(),
+        }
+    }
+}
+
+impl Transport for Auto {
+    fn name(&self) -> &'static str {
+        if UCX_COMPILED {
+            "auto (ucx or tcp)"
+        } else {
+            "tcp"
+        }
+    }
+
+    fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
+        #[cfg(feature = "ucx")]
+        if self.ucx.worker().is_ok() {
+            match self.ucx.connect(address, timeout) {
+                Ok(ep) => return Ok(ep),
+                // The agent itself is unreachable: TCP would fail the same way.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused
+                            | io::ErrorKind::NotFound
+                            | io::ErrorKind::AddrNotAvailable
+                    ) =>
+                {
+                    return Err(e);
+                }
+                Err(_) => {} // no UCX path to this agent: fall back to TCP
+            }
+        }
+        tcp::TcpTransport.connect(address, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_names_the_variable_value_and_choices() {
+        let err = select(Some("rdma")).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let msg = err.to_string();
+        for part in [TRANSPORT_ENV, "\"rdma\"", TRANSPORT_CHOICES] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert_eq!(select(Some("tcp")).unwrap().name(), "tcp");
+        assert!(select(None).is_ok() && select(Some(" auto ")).is_ok());
+        match select(Some("ucx")) {
+            Ok(t) => assert!(UCX_COMPILED && t.name() == "ucx"),
+            Err(e) => assert!(
+                !UCX_COMPILED && e.to_string().contains("no UCX support"),
+                "{e}"
+            ),
+        }
     }
 }

@@ -1,5 +1,7 @@
-//! The same behaviour over both paths: local shared memory, and a remote
-//! client reaching the channel through the TCP agent (the cross-node path).
+//! The same behaviour over every path: local shared memory, and a remote
+//! client reaching the channel through the agent (the cross-node path) over
+//! TCP and, with the `ucx` feature, over UCX restricted to its `tcp` and to
+//! its shared-memory (`sm`) transports.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +126,16 @@ fn setup(kind: &str, opts: ChannelOptions) -> (Channel, Arc<dyn Handle>, Option<
                     .unwrap();
             (home, Arc::new(remote), Some(agent))
         }
+        #[cfg(feature = "ucx")]
+        ucx if ucx.starts_with("ucx-") => {
+            let agent = Agent::start("127.0.0.1:0").unwrap();
+            let transport = rlinf_channel::UcxTransport::with_tls(&ucx["ucx-".len()..]);
+            let remote =
+                RemoteChannel::connect(Arc::new(transport), agent.address(), &ns(), &name, None)
+                    .unwrap();
+            assert_eq!(remote.transport(), "ucx");
+            (home, Arc::new(remote), Some(agent))
+        }
         _ => unreachable!(),
     }
 }
@@ -143,8 +155,19 @@ fn header_of(image: &[u8]) -> Vec<u8> {
     image[m.header.0..m.header.0 + m.header.1].to_vec()
 }
 
+/// The paths under test: shared memory, TCP, and (feature `ucx`) UCX over
+/// its `tcp` and `sm` transports.
+const KINDS: &[&str] = &[
+    "shm",
+    "tcp",
+    #[cfg(feature = "ucx")]
+    "ucx-tcp",
+    #[cfg(feature = "ucx")]
+    "ucx-sm",
+];
+
 fn for_each_kind(test: impl Fn(&str)) {
-    for kind in ["shm", "tcp"] {
+    for kind in KINDS {
         test(kind);
     }
 }

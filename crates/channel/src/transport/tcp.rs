@@ -24,18 +24,29 @@ impl Transport for TcpTransport {
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
-        let mut last = io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("address {address:?} resolves to nothing"),
-        );
-        for addr in address.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, timeout) {
-                Ok(stream) => return Ok(Box::new(TcpEndpoint::new(stream)?)),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        Ok(Box::new(TcpEndpoint::new(connect_stream(
+            address, timeout,
+        )?)?))
     }
+}
+
+/// Connects a control stream to `address` (`TCP_NODELAY` set), trying each
+/// address it resolves to.
+pub fn connect_stream(address: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("address {address:?} resolves to nothing"),
+    );
+    for addr in address.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => {
+                stream.set_nodelay(true)?;
+                return Ok(stream);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// One TCP connection to an agent.

@@ -5,6 +5,7 @@ from typing import Any, Self, final
 
 __all__ = [
     "SEGMENT_PREFIX",
+    "UCX_COMPILED",
     "ChannelAgent",
     "ChannelClosed",
     "ChannelCore",
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 SEGMENT_PREFIX: str
+UCX_COMPILED: bool
 
 class ChannelError(Exception): ...
 class ChannelClosed(ChannelError): ...
@@ -78,6 +80,8 @@ class ChannelCore:
         arena_bytes: int = 1 << 30,
         user_tag: int = 0,
     ) -> ChannelCore: ...
+    @property
+    def transport(self) -> str: ...
     @property
     def remote(self) -> bool: ...
     def lane(self, key: bytes) -> int: ...

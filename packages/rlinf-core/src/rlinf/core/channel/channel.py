@@ -78,7 +78,19 @@ NAMESPACE_ENV = "RLINF_CHANNEL_NAMESPACE"
 """Environment variable holding the default namespace (one per run)."""
 
 AGENT_ENV = "RLINF_CHANNEL_AGENT"
-"""If set (``host:port``), ``Channel.connect`` goes through that agent over TCP."""
+"""If set (``host:port``), ``Channel.connect`` goes through that agent (another node's path)."""
+
+TRANSPORT_ENV = "RLINF_CHANNEL_TRANSPORT"
+"""How payloads reach another node's agent: ``auto`` (default), ``tcp`` or ``ucx``.
+
+``auto`` uses UCX when the extension was built with it (``UCX_COMPILED``),
+UCX starts here and the agent serves it, else TCP. ``UCX_TLS`` and the other
+``UCX_*`` variables pass through to UCX. Read at each ``connect``; an invalid
+value raises ``ValueError`` naming the variable, the value and the choices.
+"""
+
+UCX_COMPILED: bool = _native.UCX_COMPILED
+"""Whether this build of the extension includes the UCX transport."""
 
 ChannelClosed = _native.ChannelClosed
 ChannelNotFound = _native.ChannelNotFound
@@ -391,8 +403,13 @@ class Channel:
 
     @property
     def address(self) -> str | None:
-        """Agent address when the channel is reached over TCP, else None (shared memory)."""
+        """Agent address when the channel is reached through an agent, else None (shared memory)."""
         return self._address
+
+    @property
+    def transport(self) -> str:
+        """What moves payloads: ``"shm"`` (this node), ``"tcp"`` or ``"ucx"`` (through an agent)."""
+        return self._core.transport
 
     @property
     def maxsize(self) -> int:

@@ -1,0 +1,414 @@
+//! Fault behaviour of the UCX transport (feature `ucx`), over UCX's `tcp` and
+//! `sm` transports, with real processes: a remote producer killed mid-put, a
+//! remote consumer killed mid-get, a home agent killed (idle and
+//! mid-transfer), an unreachable agent. Each
+//! must end in a clear error or a clean state: no hang, no torn item, no
+//! block left reserved or leased. Known gap: a producer killed mid-put or a
+//! consumer killed mid-get over UCX's tcp transport can abort the home
+//! process inside UCX 1.13 (see the two ignored tests).
+//!
+//! Children are this test binary re-run with `RLINF_TEST_CHILD` set (see
+//! `child_entry`).
+#![cfg(feature = "ucx")]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rlinf_channel::channel::parse_message;
+use rlinf_channel::{Agent, Channel, ChannelError, ChannelOptions, RemoteChannel, UcxTransport};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Upper bound of waits that must finish long before it; a failure, not a
+/// timing assertion (the loaded 2-core CI machine is slow).
+const BOUND: Duration = Duration::from_secs(60);
+const ITEM: usize = 8 << 20;
+
+fn ns() -> String {
+    format!("ucxf{}", std::process::id())
+}
+
+fn name() -> String {
+    format!("u{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+fn opts() -> ChannelOptions {
+    ChannelOptions {
+        max_lanes: 4,
+        lane_capacity: 4,
+        max_blocks: 16,
+        arena_bytes: 64 << 20,
+        user_tag: 0,
+    }
+}
+
+fn child(role: &str, env: &[(&str, &str)]) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("RLINF_TEST_CHILD", role)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Entry point of child processes; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("RLINF_TEST_CHILD") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    match role.as_str() {
+        // Puts 8 MiB items whose every byte is the item's number, forever.
+        "producer" => {
+            let transport = Arc::new(UcxTransport::with_tls(&var("RLINF_TEST_TLS")));
+            let ch = RemoteChannel::connect(
+                transport,
+                &var("RLINF_TEST_AGENT"),
+                &var("RLINF_TEST_NS"),
+                &var("RLINF_TEST_NAME"),
+                None,
+            )
+            .unwrap();
+            let lane = ch.lane(b"k").unwrap();
+            for seq in 0u64.. {
+                let payload = vec![seq as u8; ITEM];
+                ch.put(lane, &seq.to_le_bytes(), &[&payload], 0, None, false)
+                    .unwrap();
+            }
+        }
+        // Takes items forever (each 8 MiB read is a UCX get from the home node).
+        "consumer" => {
+            let transport = Arc::new(UcxTransport::with_tls(&var("RLINF_TEST_TLS")));
+            let ch = RemoteChannel::connect(
+                transport,
+                &var("RLINF_TEST_AGENT"),
+                &var("RLINF_TEST_NS"),
+                &var("RLINF_TEST_NAME"),
+                None,
+            )
+            .unwrap();
+            let lane = ch.lane(b"k").unwrap();
+            loop {
+                ch.take(lane, 0, None, false).unwrap();
+            }
+        }
+        // Serves this node's channels until killed; announces its address in a file.
+        "home" => {
+            let agent = Agent::start("127.0.0.1:0").unwrap();
+            let flag = var("RLINF_TEST_FLAG");
+            std::fs::write(format!("{flag}.tmp"), agent.address()).unwrap();
+            std::fs::rename(format!("{flag}.tmp"), flag).unwrap();
+            thread::sleep(Duration::from_secs(600));
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn kill(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Checks an item image: header = its number, one buffer of that byte.
+fn check_item(image: &[u8]) {
+    let m = parse_message(image).unwrap();
+    let seq = u64::from_le_bytes(image[m.header.0..m.header.0 + 8].try_into().unwrap());
+    let (off, len) = m.buffers[0];
+    assert_eq!(len, ITEM);
+    assert!(
+        image[off..off + len].iter().all(|&b| b == seq as u8),
+        "item {seq} is torn"
+    );
+}
+
+fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + BOUND;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+fn producer_killed_mid_put(tls: &str) {
+    let name = name();
+    let home = Channel::create(&ns(), &name, opts()).unwrap();
+    let agent = Agent::start("127.0.0.1:0").unwrap();
+    let lane = home.lane(b"k").unwrap();
+    let producer = child(
+        "producer",
+        &[
+            ("RLINF_TEST_TLS", tls),
+            ("RLINF_TEST_AGENT", agent.address()),
+            ("RLINF_TEST_NS", &ns()),
+            ("RLINF_TEST_NAME", &name),
+        ],
+    );
+    // One whole item first: the path works.
+    let first = home.get(lane, Some(BOUND), false).unwrap();
+    check_item(first.bytes());
+    drop(first);
+    // Then kill it while a put is in flight (a block is being written),
+    // consuming meanwhile so that the producer never blocks on a full lane.
+    let caught = wait_until(|| {
+        // Watch closely for a while, then make room (items published
+        // before the kill are checked by the drain below only).
+        let watch = Instant::now();
+        while watch.elapsed() < Duration::from_millis(5) {
+            if home.stats().unwrap().writing_blocks > 0 {
+                return true;
+            }
+        }
+        drop(home.get(lane, None, true));
+        false
+    });
+    kill(producer);
+    assert!(caught, "{tls}: never saw a put in flight");
+    // Every item that was published is whole; the half-written one is withdrawn.
+    loop {
+        match home.get(lane, None, true) {
+            Ok(lease) => check_item(lease.bytes()),
+            Err(ChannelError::Empty) => {
+                // A reservation not yet withdrawn still holds a slot.
+                if home.qsize(lane).unwrap() == 0 {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{tls}: {e}"),
+        }
+    }
+    assert!(
+        wait_until(|| home.stats().unwrap().writing_blocks == 0),
+        "{tls}: the dead producer's reservation was not withdrawn"
+    );
+    let st = home.stats().unwrap();
+    assert_eq!(
+        (st.writing_blocks, st.leased_blocks, st.queued_blocks),
+        (0, 0, 0),
+        "{tls}: blocks leaked: {st:?}"
+    );
+    // The channel still works.
+    home.put(lane, b"after", &[], 0, None, false).unwrap();
+    let m = home.get(lane, Some(BOUND), false).unwrap();
+    let p = parse_message(m.bytes()).unwrap();
+    assert_eq!(&m.bytes()[p.header.0..p.header.0 + p.header.1], b"after");
+}
+
+/// Ignored: UCX 1.13 (Debian 12) aborts the home process in about 3 runs out
+/// of 8 here when a put's initiator dies with puts in flight over UCX's tcp
+/// transport (`ucp_put_handler` acks on the failed endpoint: "Fatal:
+/// unexpected error: Endpoint timeout"). Run with `--ignored` to check a
+/// newer UCX.
+#[test]
+#[ignore = "UCX 1.13 aborts the home process when a put initiator dies mid-put over tcp"]
+fn remote_producer_killed_mid_put_over_ucx_tcp() {
+    producer_killed_mid_put("tcp");
+}
+
+#[test]
+fn remote_producer_killed_mid_put_over_ucx_sm() {
+    producer_killed_mid_put("sm");
+}
+
+/// Runs `f` on a thread; a result that does not come within [`BOUND`] is a hang.
+fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(BOUND)
+        .unwrap_or_else(|_| panic!("{what}: hung"))
+}
+
+fn home_killed(tls: &str, mid_transfer: bool) {
+    let name = name();
+    let home = Channel::create(&ns(), &name, opts()).unwrap();
+    let flag = std::env::temp_dir().join(format!("rlinf-ucxf-{}-{name}", std::process::id()));
+    let agent_proc = child("home", &[("RLINF_TEST_FLAG", flag.to_str().unwrap())]);
+    assert!(wait_until(|| flag.exists()), "the home agent never started");
+    let address = std::fs::read_to_string(&flag).unwrap();
+    let _ = std::fs::remove_file(&flag);
+    let remote = Arc::new(
+        RemoteChannel::connect(
+            Arc::new(UcxTransport::with_tls(tls)),
+            &address,
+            &ns(),
+            &name,
+            None,
+        )
+        .unwrap(),
+    );
+    assert_eq!(remote.transport(), "ucx");
+    let lane = remote.lane(b"k").unwrap();
+    let payload = vec![7u8; ITEM];
+    remote
+        .put(lane, b"ok", &[&payload], 0, None, false)
+        .unwrap();
+    drop(
+        home.get(home.lane(b"k").unwrap(), Some(BOUND), false)
+            .unwrap(),
+    );
+    let err = if mid_transfer {
+        // Keep putting; kill the home agent while transfers run.
+        let r = Arc::clone(&remote);
+        let (tx, rx) = mpsc::channel();
+        let putter = thread::spawn(move || {
+            let payload = vec![9u8; ITEM];
+            loop {
+                match r.put(lane, b"x", &[&payload], 0, Some(BOUND), false) {
+                    Ok(()) => {
+                        let _ = tx.send(());
+                    }
+                    Err(e) => break e,
+                }
+            }
+        });
+        // Let a few puts through, draining them at home so they keep flowing.
+        let hl = home.lane(b"k").unwrap();
+        for _ in 0..2 {
+            rx.recv_timeout(BOUND).expect("puts stalled");
+            drop(home.get(hl, Some(BOUND), false).unwrap());
+        }
+        thread::spawn(move || {
+            while let Ok(l) = home.get(hl, Some(Duration::from_secs(2)), false) {
+                drop(l);
+            }
+        });
+        kill(agent_proc);
+        no_hang("a put while the home agent dies", move || {
+            putter.join().unwrap()
+        })
+    } else {
+        kill(agent_proc);
+        let r = Arc::clone(&remote);
+        no_hang("a put after the home agent died", move || {
+            r.put(lane, b"late", &[&payload], 0, None, false)
+                .unwrap_err()
+        })
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, ChannelError::Io(_)), "{tls}: {err:?}");
+    assert!(
+        msg.contains(&address) || msg.contains("cannot reach the channel agent"),
+        "{tls}: the error should name the agent: {msg}"
+    );
+    // New connections fail clearly too.
+    let r = Arc::clone(&remote);
+    let again = no_hang("a reconnect to a dead agent", move || {
+        r.lane(b"other").unwrap_err()
+    });
+    assert!(
+        again.to_string().contains("cannot reach the channel agent"),
+        "{tls}: {again}"
+    );
+}
+
+#[test]
+fn home_agent_killed_between_puts_over_ucx_tcp() {
+    home_killed("tcp", false);
+}
+
+#[test]
+fn home_agent_killed_between_puts_over_ucx_sm() {
+    home_killed("sm", false);
+}
+
+#[test]
+fn home_agent_killed_mid_transfer_over_ucx_tcp() {
+    home_killed("tcp", true);
+}
+
+#[test]
+fn home_agent_killed_mid_transfer_over_ucx_sm() {
+    home_killed("sm", true);
+}
+
+#[test]
+fn unreachable_agent_is_a_clear_error_over_ucx() {
+    let err = RemoteChannel::connect(
+        Arc::new(UcxTransport::with_tls("tcp")),
+        "127.0.0.1:1",
+        "ns",
+        "x",
+        None,
+    )
+    .err()
+    .unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cannot reach the channel agent at 127.0.0.1:1 over ucx"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn auto_selects_ucx_when_the_agent_serves_it() {
+    let name = name();
+    let _home = Channel::create(&ns(), &name, opts()).unwrap();
+    let agent = Agent::start("127.0.0.1:0").unwrap();
+    let t = rlinf_channel::transport::select(Some("auto")).unwrap();
+    let remote = RemoteChannel::connect(t, agent.address(), &ns(), &name, None).unwrap();
+    assert_eq!(remote.transport(), "ucx");
+    let t = rlinf_channel::transport::select(Some("tcp")).unwrap();
+    let remote = RemoteChannel::connect(t, agent.address(), &ns(), &name, None).unwrap();
+    assert_eq!(remote.transport(), "tcp");
+}
+
+fn consumer_killed_mid_get(tls: &str) {
+    let name = name();
+    let home = Channel::create(&ns(), &name, opts()).unwrap();
+    let agent = Agent::start("127.0.0.1:0").unwrap();
+    let lane = home.lane(b"k").unwrap();
+    let consumer = child(
+        "consumer",
+        &[
+            ("RLINF_TEST_TLS", tls),
+            ("RLINF_TEST_AGENT", agent.address()),
+            ("RLINF_TEST_NS", &ns()),
+            ("RLINF_TEST_NAME", &name),
+        ],
+    );
+    // Feed it until one of its reads is in flight (a block is leased), then kill it.
+    let payload = vec![3u8; ITEM];
+    let caught = wait_until(|| {
+        if home.stats().unwrap().leased_blocks > 0 {
+            return true;
+        }
+        let _ = home.put(lane, b"item", &[&payload], 0, None, true);
+        false
+    });
+    kill(consumer);
+    assert!(caught, "{tls}: never saw a read in flight");
+    assert!(
+        wait_until(|| home.stats().unwrap().leased_blocks == 0),
+        "{tls}: the dead consumer's lease was not released"
+    );
+    // The channel still works.
+    while home.get(lane, None, true).is_ok() {}
+    home.put(lane, b"after", &[], 0, None, false).unwrap();
+    let m = home.get(lane, Some(BOUND), false).unwrap();
+    let p = parse_message(m.bytes()).unwrap();
+    assert_eq!(&m.bytes()[p.header.0..p.header.0 + p.header.1], b"after");
+}
+
+#[test]
+fn remote_consumer_killed_mid_get_over_ucx_sm() {
+    consumer_killed_mid_get("sm");
+}
+
+/// Ignored for the same UCX 1.13 defect as the tcp producer test: the home
+/// process aborted in 2 runs out of 6 here ("Fatal: unexpected error:
+/// Endpoint timeout") when the consumer of a get died mid-read.
+#[test]
+#[ignore = "UCX 1.13 aborts the home process when a get initiator dies mid-get over tcp"]
+fn remote_consumer_killed_mid_get_over_ucx_tcp() {
+    consumer_killed_mid_get("tcp");
+}
