@@ -138,7 +138,8 @@ class SACPolicy(BasePolicy):
     def _log_prob(self, u: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
         """Per-dimension log-density of ``tanh(u) * scale + bias``."""
         y = torch.tanh(u)
-        return gaussian_log_prob(u, mean, log_std) - torch.log(self.action_scale * (1.0 - y.pow(2)) + 1e-6)
+        jacobian = self.action_scale * (1.0 - y.pow(2)) + 1e-6
+        return gaussian_log_prob(u, mean, log_std) - torch.log(jacobian)
 
     def sample(
         self, states: Tensor, generator: torch.Generator | None = None
