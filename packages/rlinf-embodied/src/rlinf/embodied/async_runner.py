@@ -1,0 +1,244 @@
+"""``AsyncEmbodiedRunner``: off-policy (SAC) training while env and rollout keep running.
+
+Why: an off-policy learner does not need fresh on-policy batches, so the env
+and the rollout need not wait for training. The driver keeps two things in
+flight at once:
+
+* rollout epochs: ``env.interact`` + ``rollout.generate`` (the same workers and
+  channels as the sync :class:`~rlinf.embodied.runner.EmbodiedRunner`), launched
+  back to back; each ships its trajectories to the actor channel. Epochs before
+  ``algorithm.warmup_steps`` env steps act uniformly at random (rollout mode
+  ``random``).
+* actor steps: ``actor.train_step`` ingests what arrived into the replay buffer
+  and runs ``algorithm.updates_per_step`` updates, waiting for env steps only
+  when it is ahead of ``algorithm.replay_ratio`` updates per env step.
+
+A runner step is one actor step. At its end, once ``weight_sync_interval``
+updates were made since the last refresh (or eval / a checkpoint is due), the
+actor pauses until the current rollout epoch ends, then the runner syncs the
+weights (the existing broadcast path), evaluates, saves and goes on. The env
+waits only then, and before a rollout epoch while the actor is more than
+``algorithm.max_update_lag`` updates behind (never when that is null).
+
+Metrics per step: the actor's ``train/*`` (``q_loss``, ``actor_loss``,
+``alpha``...) and ``replay/*`` (``size``, ``updates_per_env_step``...), ``env/*``
+of the episodes that ended since the last step, ``rollout/env_steps`` and
+``rollout/env_steps_per_s`` (env throughput over the step), ``eval/*`` and ``time/*``.
+
+Cost: one extra driver poll per finished future; checkpoints hold the replay
+buffer (see :mod:`rlinf.embodied.workers.sac_actor_worker`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ray
+
+from rlinf.core import startup
+from rlinf.core.config import ConfigError, ConfigIssue
+from rlinf.core.logging import get_logger
+from rlinf.core.progress import progress_bar
+from rlinf.core.protocols.embodied import EnvSpec
+from rlinf.core.protocols.workers import OffPolicyEmbodiedActorWorker
+from rlinf.embodied.runner import EmbodiedRunner, _episode_metrics
+from rlinf.sched import GroupFuture
+
+__all__ = ["AsyncEmbodiedRunner"]
+
+_log = get_logger("rlinf.embodied.async_runner")
+
+_POLL_S = 1.0
+
+
+class AsyncEmbodiedRunner(EmbodiedRunner):
+    """Drives SAC: continuous rollout epochs, actor steps from the replay buffer.
+
+    Takes the same groups as :class:`EmbodiedRunner`; the actor group runs
+    :class:`~rlinf.embodied.workers.EmbodiedSACActor` (any class implementing
+    :class:`~rlinf.core.protocols.workers.OffPolicyEmbodiedActorWorker`).
+    ``global_step`` counts actor steps of ``algorithm.updates_per_step`` updates.
+    """
+
+    actor_protocol = OffPolicyEmbodiedActorWorker
+
+    def check_spec(self, spec: EnvSpec) -> None:
+        """SAC needs continuous, bounded actions.
+
+        Raises:
+            ConfigError: Naming ``algorithm.loss_type`` for a discrete or unbounded env.
+        """
+        if spec.num_actions is not None or spec.action_low is None:
+            kind = "discrete" if spec.num_actions is not None else "unbounded"
+            raise ConfigError(
+                [
+                    ConfigIssue(
+                        "algorithm.loss_type",
+                        f"SAC here needs continuous, bounded actions but env.train "
+                        f"({self.cfg.env.train.env_id}) has {kind} actions; use a continuous "
+                        "env (e.g. Pendulum-v1), or PPO: runner.mode: sync, "
+                        "algorithm.loss_type: actor_critic, actor.model.model_type: mlp",
+                        self.cfg.algorithm.loss_type,
+                    )
+                ]
+            )
+
+    # ------------------------------------------------------------------ pieces
+
+    def _epoch_env_steps(self) -> int:
+        """Upper bound of the env steps one rollout epoch adds (all env ranks)."""
+        split = self.cfg.env.train
+        steps = split.max_steps_per_rollout_epoch or self.spec.max_episode_steps
+        return int(split.num_envs * self.env.world_size * steps)
+
+    def _update_lag_bound(self) -> float | None:
+        """``max_update_lag``, raised to the smallest value that cannot stall the actor."""
+        alg = self.cfg.algorithm
+        if alg.max_update_lag is None:
+            return None
+        floor = alg.updates_per_step + math.ceil(alg.replay_ratio * self._epoch_env_steps())
+        return float(max(alg.max_update_lag, floor))
+
+    def _env_gated(self) -> bool:
+        """Whether the next rollout epoch must wait for the actor to catch up."""
+        bound = self._update_lag_bound()
+        if bound is None:
+            return False
+        alg = self.cfg.algorithm
+        after = self.total_env_steps + self._epoch_env_steps() - alg.warmup_steps
+        due = alg.replay_ratio * max(0, after)
+        return due - self.global_step * alg.updates_per_step > bound
+
+    def _launch_rollout(self) -> list[GroupFuture]:
+        ch = self._res.channels
+        mode = "random" if self.total_env_steps < self.cfg.algorithm.warmup_steps else "train"
+        seed_step = self.total_env_steps  # distinct per epoch, restored on resume
+        return [
+            self.env.interact(ch["rollout"], ch["env"], ch["actor"], False),
+            self.rollout.generate(ch["rollout"], ch["env"], seed_step, mode, False),
+        ]
+
+    def _wait_any(self, futures: list[GroupFuture], deadline: float) -> None:
+        refs = [ref for future in futures for ref in future.refs]
+        while True:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S)
+            if ready or any(f.done() for f in futures):
+                return
+            if time.monotonic() > deadline:
+                self._wait(futures)  # raises the timeout naming the ranks still running
+                return
+
+    def save_checkpoint(self) -> Any:
+        """Moves waiting trajectories into the replay buffer, then saves (see the base)."""
+        self._wait([self.actor.ingest(self._res.channels["actor"])])
+        return super().save_checkpoint()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run_attempt(self) -> dict[str, float]:
+        cfg, alg = self.cfg.runner, self.cfg.algorithm
+        total = cfg.total_steps
+        logger = self._res.logger
+        _log.info(
+            "async SAC: %d updates per step, replay_ratio %g, warm-up %d env steps; "
+            "TensorBoard logs: %s",
+            alg.updates_per_step,
+            alg.replay_ratio,
+            alg.warmup_steps,
+            self.tensorboard_dir,
+        )
+        last: dict[str, float] = {}
+        if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
+            last = self.evaluate()
+            logger.log(last, step=0)
+        self.update_rollout_weights()
+        synced_updates = self.global_step * alg.updates_per_step
+        bar = progress_bar(
+            total=total, desc="embodied-async", unit="step", initial=self.global_step
+        )
+        rollout: list[GroupFuture] | None = None
+        train: GroupFuture | None = None
+        finished: dict[str, float] | None = None
+        episodes: list[dict[str, list[float]]] = []
+        mark_env, mark_time = self.total_env_steps, time.perf_counter()
+        gated_s = 0.0
+        try:
+            while self.global_step < total:
+                started = startup.report()
+                if started is not None:
+                    _log.info(started[0])
+                if rollout is None and finished is None and not self._env_gated():
+                    rollout = self._launch_rollout()
+                if train is None and finished is None:
+                    train = self.actor.train_step(self._res.channels["actor"])
+                in_flight = [*(rollout or []), *([train] if train is not None else [])]
+                if in_flight:
+                    waited = time.perf_counter()
+                    self._wait_any(in_flight, time.monotonic() + cfg.step_timeout_s)
+                    if rollout is None:
+                        gated_s += time.perf_counter() - waited
+                if rollout is not None and all(f.done() for f in rollout):
+                    results = self._wait(rollout)
+                    rollout = None
+                    self.total_env_steps += sum(int(r["env_steps"]) for r in results[0])
+                    episodes.extend(r["episodes"] for r in results[0])
+                if train is not None and train.done():
+                    finished = dict(self._wait([train])[0][0])
+                    train = None
+                    self.global_step += 1
+                if finished is None:
+                    continue
+                updates = self.global_step * alg.updates_per_step
+                step_end = self.global_step >= total
+                eval_due = (
+                    cfg.val_check_interval > 0
+                    and self.cfg.env.eval is not None
+                    and (self.global_step % cfg.val_check_interval == 0 or step_end)
+                )
+                save_due = cfg.save_interval > 0 and (
+                    self.global_step % cfg.save_interval == 0 or step_end
+                )
+                sync_due = updates - synced_updates >= alg.weight_sync_interval
+                if (eval_due or save_due or sync_due or step_end) and rollout is not None:
+                    continue  # the actor pauses until the rollout epoch ends
+                metrics = finished
+                finished = None
+                if sync_due or eval_due:
+                    metrics["time/sync_weights"] = self.update_rollout_weights()
+                    synced_updates = updates
+                if eval_due:
+                    start = time.perf_counter()
+                    metrics.update(self.evaluate())
+                    metrics["time/eval"] = time.perf_counter() - start
+                if save_due:
+                    start = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["time/save_checkpoint"] = time.perf_counter() - start
+                now = time.perf_counter()
+                metrics.update(_episode_metrics("env", episodes))
+                episodes = []
+                metrics["rollout/env_steps"] = float(self.total_env_steps)
+                metrics["rollout/env_steps_per_s"] = (self.total_env_steps - mark_env) / max(
+                    now - mark_time, 1e-9
+                )
+                metrics["time/step"] = now - mark_time
+                metrics["time/env_gated"] = gated_s
+                mark_env, mark_time, gated_s = self.total_env_steps, now, 0.0
+                if self.cfg.runner.max_restarts > 0:
+                    metrics["train/restarts"] = float(self.restarts)
+                logger.log(metrics, step=self.global_step)
+                postfix: dict[str, float | str] = {
+                    "env_steps": float(self.total_env_steps),
+                    "env_steps_per_s": metrics["rollout/env_steps_per_s"],
+                }
+                for key in ("env/return", "eval/return"):
+                    if key in metrics:
+                        postfix[key.replace("/", "_")] = metrics[key]
+                bar.update(1, **postfix)
+                last = metrics
+        finally:
+            bar.close()
+            logger.flush()
+        return last
