@@ -171,6 +171,7 @@ def sac(**edits: Any) -> dict[str, Any]:
         ({"actor__model__model_type": "mlp"}, "actor.model.model_type", ["sac_mlp"]),
         ({"actor__micro_batch_size": 128}, "actor.micro_batch_size", ["256"]),
         ({"algorithm__replay_ratio": 0}, "algorithm.replay_ratio", []),
+        ({"actor__optim__lr_scheduler": "cosine"}, "actor.optim.lr_scheduler", ["constant"]),
         ({"algorithm__tau": 1.5}, "algorithm.tau", []),
         ({"algorithm__updates_per_step": 0}, "algorithm.updates_per_step", []),
         ({"actor__model__num_action_chunks": 2}, "env.train.max_steps_per_rollout_epoch", []),

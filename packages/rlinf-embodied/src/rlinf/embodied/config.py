@@ -359,6 +359,12 @@ class EmbodiedConfig(RLinfModel):
                     f"actor.model.model_type={actor.model.model_type!r} has no twin Q critics; "
                     "algorithm.loss_type: sac needs actor.model.model_type: sac_mlp"
                 )
+            if actor.optim.lr_scheduler != "constant" or actor.optim.warmup_steps:
+                raise ValueError(
+                    f"actor.optim.lr_scheduler={actor.optim.lr_scheduler!r} (warmup_steps="
+                    f"{actor.optim.warmup_steps}): SAC trains at constant learning rates; set "
+                    "actor.optim.lr_scheduler: constant and actor.optim.warmup_steps: 0"
+                )
             if actor.micro_batch_size != actor.global_batch_size:
                 raise ValueError(
                     f"actor.micro_batch_size={actor.micro_batch_size} differs from "
