@@ -46,11 +46,60 @@ from rlinf.core.protocols.workers import OffPolicyEmbodiedActorWorker
 from rlinf.embodied.runner import EmbodiedRunner, _episode_metrics
 from rlinf.sched import GroupFuture
 
-__all__ = ["AsyncEmbodiedRunner"]
+__all__ = ["AsyncEmbodiedRunner", "env_gated", "update_lag_bound"]
 
 _log = get_logger("rlinf.embodied.async_runner")
 
 _POLL_S = 1.0
+
+
+def update_lag_bound(
+    max_update_lag: int | None, updates_per_step: int, replay_ratio: float, epoch_env_steps: int
+) -> float | None:
+    """``max_update_lag`` raised to the smallest bound that cannot stall the actor.
+
+    While the actor waits for data it is fewer than ``updates_per_step +
+    replay_ratio * epoch_env_steps`` updates behind the env's next epoch, so a
+    bound at least that large never holds back the epoch the actor waits for.
+
+    Args:
+        max_update_lag: ``algorithm.max_update_lag`` (None: no back-pressure).
+        updates_per_step: Updates per actor step.
+        replay_ratio: Updates per env step.
+        epoch_env_steps: Most env steps one rollout epoch adds.
+
+    Returns:
+        The bound in updates, or None.
+    """
+    if max_update_lag is None:
+        return None
+    floor = updates_per_step + math.ceil(replay_ratio * epoch_env_steps)
+    return float(max(max_update_lag, floor))
+
+
+def env_gated(
+    *,
+    env_steps: int,
+    epoch_env_steps: int,
+    updates: int,
+    warmup_steps: int,
+    replay_ratio: float,
+    bound: float | None,
+) -> bool:
+    """Whether the next rollout epoch waits: the actor would lag more than ``bound`` updates.
+
+    Args:
+        env_steps: Env steps of the finished epochs.
+        epoch_env_steps: Most env steps the next epoch adds.
+        updates: Updates of the finished actor steps.
+        warmup_steps: Env steps before learning starts.
+        replay_ratio: Updates per env step after warm-up.
+        bound: From :func:`update_lag_bound` (None: never wait).
+    """
+    if bound is None:
+        return False
+    due = replay_ratio * max(0, env_steps + epoch_env_steps - warmup_steps)
+    return due - updates > bound
 
 
 class AsyncEmbodiedRunner(EmbodiedRunner):
@@ -93,23 +142,20 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         steps = split.max_steps_per_rollout_epoch or self.spec.max_episode_steps
         return int(split.num_envs * self.env.world_size * steps)
 
-    def _update_lag_bound(self) -> float | None:
-        """``max_update_lag``, raised to the smallest value that cannot stall the actor."""
-        alg = self.cfg.algorithm
-        if alg.max_update_lag is None:
-            return None
-        floor = alg.updates_per_step + math.ceil(alg.replay_ratio * self._epoch_env_steps())
-        return float(max(alg.max_update_lag, floor))
-
     def _env_gated(self) -> bool:
         """Whether the next rollout epoch must wait for the actor to catch up."""
-        bound = self._update_lag_bound()
-        if bound is None:
-            return False
         alg = self.cfg.algorithm
-        after = self.total_env_steps + self._epoch_env_steps() - alg.warmup_steps
-        due = alg.replay_ratio * max(0, after)
-        return due - self.global_step * alg.updates_per_step > bound
+        epoch = self._epoch_env_steps()
+        return env_gated(
+            env_steps=self.total_env_steps,
+            epoch_env_steps=epoch,
+            updates=self.global_step * alg.updates_per_step,
+            warmup_steps=alg.warmup_steps,
+            replay_ratio=alg.replay_ratio,
+            bound=update_lag_bound(
+                alg.max_update_lag, alg.updates_per_step, alg.replay_ratio, epoch
+            ),
+        )
 
     def _launch_rollout(self) -> list[GroupFuture]:
         ch = self._res.channels
