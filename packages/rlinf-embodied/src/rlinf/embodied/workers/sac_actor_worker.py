@@ -192,9 +192,7 @@ class EmbodiedSACActor(Worker):
             else default_target_entropy(spec.action_dim)
         )
         self.replay = ReplayBuffer(alg.replay_capacity, self.device)
-        self.generator = torch.Generator().manual_seed(
-            derive_seed(cfg.actor.seed, "replay") % 2**63
-        )
+        self.generator = torch.Generator().manual_seed(derive_seed(cfg.actor.seed, "replay"))
         self.global_step = 0
         self.updates = 0
 
