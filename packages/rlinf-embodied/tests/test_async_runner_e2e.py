@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import ray
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
@@ -75,28 +76,37 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGrou
 
 
 def test_sac_learns_pendulum(groups: list[WorkerGroup], tmp_path: Path) -> None:
-    """SAC on Pendulum-v1 reaches a mean eval return > -200 (8 episodes) in < 20k env steps.
+    """SAC on Pendulum-v1 reaches a mean eval return > -200 (8 episodes) within 20k env steps.
 
-    Budget: 160 steps of 50 updates (8,000 updates at replay_ratio 1 after 1,000
-    warm-up env steps: ~9,100 env steps); 64x64 nets, batch 128, seeds of the
-    example config (runner.seed 1, actor.seed 3, env seeds 0 / 1000). The env and
-    the actor run concurrently, so the exact interleaving (and return) varies a
-    little between runs. Measured on 2 CPU cores: about 60 s for the run
-    (eval -779 at step 40, -151 at step 100, -136 at step 160).
+    Budget: 200 steps of 50 updates (10,000 updates at replay_ratio 1 after 1,000
+    warm-up env steps: ~11,100 env steps), eval every 20 steps; 64x64 nets, batch
+    128, seeds of the example config (runner.seed 1, actor.seed 3, env seeds 0 /
+    1000). Env and actor run concurrently, so on a loaded machine the
+    interleaving (which transitions each update sees) and the curve vary; the
+    test asks that some eval passes -200 and that the first one (step 20, still
+    near the random policy) does not. Measured on 2 CPU cores: eval -1745 at step
+    20, -151 at step 100, -136 at step 160; about 60-80 s for 160 steps.
     """
     actor, rollout, env = groups
-    steps = 160
+    steps = 200
     cfg = make_config(
         tmp_path,
         "learn",
-        [*SMALL_NETS, f"runner.max_epochs={steps}", "runner.val_check_interval=40"],
+        [*SMALL_NETS, f"runner.max_epochs={steps}", "runner.val_check_interval=20"],
     )
     with AsyncEmbodiedRunner(cfg, actor, rollout, env) as runner:
         runner.init_workers()
         metrics = runner.run()
         assert runner.global_step == steps
         env_steps = runner.total_env_steps
-    assert metrics["eval/return"] > -200, metrics
+        tb_dir = runner.tensorboard_dir
+    returns = scalars(tb_dir, "eval/return")
+    env_steps_at = scalars(tb_dir, "rollout/env_steps")
+    assert sorted(returns) == list(range(20, steps + 1, 20))
+    assert returns[20] < -500, returns
+    passed = [s for s, r in returns.items() if r > -200]
+    assert passed, returns
+    assert env_steps_at[min(passed)] < 20_000
     assert env_steps < 20_000
     assert metrics["train/updates"] == steps * 50
     assert metrics["replay/size"] == metrics["replay/env_steps"]
@@ -106,6 +116,12 @@ def test_sac_learns_pendulum(groups: list[WorkerGroup], tmp_path: Path) -> None:
     assert 0.8 < metrics["replay/updates_per_env_step"] <= 1.0
     assert metrics["train/alpha"] < 1.0  # the temperature was tuned down from init_alpha
     assert metrics["rollout/env_steps_per_s"] >= 0
+
+
+def scalars(tb_dir: Path, key: str) -> dict[int, float]:
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(key)}
 
 
 def _same(a: Any, b: Any, path: str = "") -> list[str]:

@@ -167,10 +167,17 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         ]
 
     def _wait_any(self, futures: list[GroupFuture], deadline: float) -> None:
+        """Returns once one more rank of ``futures`` has finished (or failed).
+
+        Ranks that finished before the call do not count, so a half-finished
+        rollout epoch (rollout done, env still shipping) is not polled in a loop.
+        """
         refs = [ref for future in futures for ref in future.refs]
-        while True:
-            ready, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S)
-            if ready or any(f.done() for f in futures):
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        want = len(done) + 1
+        while want <= len(refs):
+            ready, _ = ray.wait(refs, num_returns=want, timeout=_POLL_S)
+            if len(ready) >= want:
                 return
             if time.monotonic() > deadline:
                 self._wait(futures)  # raises the timeout naming the ranks still running
@@ -225,6 +232,10 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
                     self._wait_any(in_flight, time.monotonic() + cfg.step_timeout_s)
                     if rollout is None:
                         gated_s += time.perf_counter() - waited
+                if rollout is not None:
+                    for future in rollout:  # a failed rank surfaces now, not at the timeout
+                        if future.done():
+                            self._wait([future])
                 if rollout is not None and all(f.done() for f in rollout):
                     results = self._wait(rollout)
                     rollout = None
