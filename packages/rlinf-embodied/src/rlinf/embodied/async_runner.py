@@ -166,21 +166,26 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
             self.rollout.generate(ch["rollout"], ch["env"], seed_step, mode, False),
         ]
 
-    def _wait_any(self, futures: list[GroupFuture], deadline: float) -> None:
-        """Returns once one more rank of ``futures`` has finished (or failed).
+    def _wait_any(self, units: list[list[GroupFuture]], deadline: float) -> None:
+        """Returns once every future of one unit is done; a failed rank raises at once.
 
-        Ranks that finished before the call do not count, so a half-finished
-        rollout epoch (rollout done, env still shipping) is not polled in a loop.
+        A unit is what the loop acts on as a whole (a rollout epoch is the env's and
+        the rollout's futures). Blocks on the ranks still running, so a
+        half-finished unit is not polled in a loop.
         """
-        refs = [ref for future in futures for ref in future.refs]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        want = len(done) + 1
-        while want <= len(refs):
-            ready, _ = ray.wait(refs, num_returns=want, timeout=_POLL_S)
-            if len(ready) >= want:
-                return
+        while True:
+            for unit in units:
+                for future in unit:
+                    if future.done():
+                        self._wait([future])  # a failed rank surfaces now, not at the timeout
+                if all(future.done() for future in unit):
+                    return
+            refs = [ref for unit in units for future in unit for ref in future.refs]
+            _, running = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            if running:
+                ray.wait(running, num_returns=1, timeout=_POLL_S, fetch_local=False)
             if time.monotonic() > deadline:
-                self._wait(futures)  # raises the timeout naming the ranks still running
+                self._wait([f for unit in units for f in unit])  # names the ranks still running
                 return
 
     def save_checkpoint(self) -> Any:
@@ -226,16 +231,12 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
                     rollout = self._launch_rollout()
                 if train is None and finished is None:
                     train = self.actor.train_step(self._res.channels["actor"])
-                in_flight = [*(rollout or []), *([train] if train is not None else [])]
+                in_flight = [u for u in (rollout, None if train is None else [train]) if u]
                 if in_flight:
                     waited = time.perf_counter()
                     self._wait_any(in_flight, time.monotonic() + cfg.step_timeout_s)
                     if rollout is None:
                         gated_s += time.perf_counter() - waited
-                if rollout is not None:
-                    for future in rollout:  # a failed rank surfaces now, not at the timeout
-                        if future.done():
-                            self._wait([future])
                 if rollout is not None and all(f.done() for f in rollout):
                     results = self._wait(rollout)
                     rollout = None
