@@ -140,6 +140,26 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "EnvGroup"], eval_ran=True)
 
 
+def test_ctrl_c_stops_the_async_sac_example_cleanly(tmp_path: Path) -> None:
+    """The async runner is interrupted with rollout epochs and actor steps in flight."""
+    logs = tmp_path / "logs"
+    cmd = [
+        sys.executable,
+        "examples/embodiment/train_embodied_agent.py",
+        "--config-name",
+        "pendulum_sac_mlp",
+        f"runner.logger.log_path={logs}",
+        "runner.logger.experiment_name=ctrlc",
+        "runner.save_interval=2",
+        "runner.val_check_interval=2",
+        "algorithm.warmup_steps=200",
+        "actor.model.hidden_dims=[32,32]",
+    ]
+    checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
+    text = interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
+    assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "EnvGroup"], eval_ran=True)
+
+
 @pytest.fixture
 def tiny_reasoning_task(tmp_path: Path) -> Path:
     from rlinf.reasoning.toy_task import make_smoke_task

@@ -1,7 +1,12 @@
-"""Train an embodied agent: env, rollout and actor groups driven by the EmbodiedRunner.
+"""Train an embodied agent: env, rollout and actor groups driven by an embodied runner.
+
+``runner.mode: sync`` (PPO/GRPO) uses the EmbodiedRunner and the FSDP actor;
+``runner.mode: async`` (``algorithm.loss_type: sac``) the AsyncEmbodiedRunner and
+the SAC actor with its replay buffer.
 
 Examples:
     uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp
+    uv run python examples/embodiment/train_embodied_agent.py --config-name pendulum_sac_mlp
     uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp \
         runner.max_epochs=10 'cluster.component_placement={actor,env,rollout: 0-1}'
 """
@@ -16,9 +21,15 @@ from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.core.logging import setup_logging
+from rlinf.embodied.async_runner import AsyncEmbodiedRunner
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
-from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.embodied.workers import (
+    EmbodiedFSDPActor,
+    EmbodiedSACActor,
+    EnvWorker,
+    MultiStepRolloutWorker,
+)
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
@@ -26,7 +37,8 @@ CONFIG_DIR = Path(__file__).resolve().parent / "config"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Train an embodied agent (PPO/GRPO) with env, rollout and actor groups.",
+        description="Train an embodied agent (PPO/GRPO, or SAC with runner.mode: async) with "
+        "env, rollout and actor groups.",
         epilog="Configs: " + ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))),
     )
     add_config_arguments(parser, str(CONFIG_DIR), "cartpole_ppo_mlp")
@@ -39,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
+    off_policy = cfg.runner.mode == "async"
+    actor_cls = EmbodiedSACActor if off_policy else EmbodiedFSDPActor
+    runner_cls = AsyncEmbodiedRunner if off_policy else EmbodiedRunner
     groups: list[WorkerGroup] = []
     runner = None
     interrupted: str | None = None
@@ -56,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster,
             {
                 "ActorGroup": (
-                    EmbodiedFSDPActor.create_group(cfg),
+                    actor_cls.create_group(cfg),
                     placement.get_strategy("actor"),
                 ),
                 "RolloutGroup": (
@@ -70,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         startup.mark("groups")
         actor, rollout, env = groups
 
-        runner = EmbodiedRunner(cfg=cfg, actor=actor, rollout=rollout, env=env)
+        runner = runner_cls(cfg=cfg, actor=actor, rollout=rollout, env=env)
         print(
             f"TensorBoard logs: {runner.tensorboard_dir.resolve()}\n"
             f"  view them with: tensorboard --logdir {runner.tensorboard_dir.resolve()}",

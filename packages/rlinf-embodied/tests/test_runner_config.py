@@ -148,3 +148,45 @@ def test_script_help_and_config_errors(capsys: pytest.CaptureFixture[str]) -> No
     assert "cannot place the run on this cluster" in err
     assert "resource rank 5 is out of range" in err
     assert not ray.is_initialized()
+
+
+# ----------------------------------------------------------------------------- SAC
+
+
+def sac(**edits: Any) -> dict[str, Any]:
+    data = compose_config("pendulum_sac_mlp", CONFIG_DIR)
+    for path, value in edits.items():
+        node = data
+        keys = path.split("__")
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("edits", "key", "words"),
+    [
+        ({"runner__mode": "sync"}, "runner.mode", ["async", "sac"]),
+        ({"actor__model__model_type": "mlp"}, "actor.model.model_type", ["sac_mlp"]),
+        ({"actor__micro_batch_size": 128}, "actor.micro_batch_size", ["256"]),
+        ({"algorithm__replay_ratio": 0}, "algorithm.replay_ratio", []),
+        ({"actor__optim__lr_scheduler": "cosine"}, "actor.optim.lr_scheduler", ["constant"]),
+        ({"algorithm__tau": 1.5}, "algorithm.tau", []),
+        ({"algorithm__updates_per_step": 0}, "algorithm.updates_per_step", []),
+        ({"actor__model__num_action_chunks": 2}, "env.train.max_steps_per_rollout_epoch", []),
+    ],
+)
+def test_sac_errors_name_the_key(edits: dict[str, Any], key: str, words: list[str]) -> None:
+    issues = errors_of(sac(**edits))
+    assert any(p == key for p, _ in issues), issues
+    text = " ".join(m for _, m in issues)
+    for word in words:
+        assert word in text, (word, issues)
+
+
+def test_sac_world_sizes_need_one_actor_rank() -> None:
+    cfg = validate_config(sac(), EmbodiedConfig)
+    cfg.check_world_sizes(actor=1, env=2, rollout=1)
+    with pytest.raises(ConfigError, match="one resource rank"):
+        cfg.check_world_sizes(actor=2, env=1, rollout=1)

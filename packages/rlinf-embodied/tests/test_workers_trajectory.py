@@ -102,3 +102,30 @@ def test_routing_helpers() -> None:
     assert actor_pieces(actor_world_size=2, env_world_size=1, stages=1) == (2, 1)
     assert actor_pieces(actor_world_size=1, env_world_size=2, stages=2) == (1, 4)
     assert serving_env_ranks(1, env_world_size=4, rollout_world_size=2) == [1, 3]
+
+
+def test_builder_records_next_obs_for_sac_and_transitions_keep_the_final_obs() -> None:
+    from rlinf.embodied.workers.sac_actor_worker import trajectory_transitions
+
+    b = TrajectoryBuilder(2, 1, gamma=0.9, bootstrap_type="standard", collect_next_obs=True)
+    for t in range(2):
+        out = policy_output(2, 1, value=0.0)
+        out.forward_inputs = {"states": torch.full((2, 4), float(t))}
+        out.actions = torch.full((2, 1, 1), float(t))
+        b.add_policy_output(out)
+        env = env_output([[1.0], [2.0]], [False, t == 1], [t == 0, False])
+        env.obs = {"states": torch.full((2, 4), 10.0 + t)}  # after the chunk (reset rows)
+        # Env 0 is truncated at t = 0: its real last obs is final_obs, not the reset obs.
+        env.final_obs = {"states": torch.full((2, 4), 10.0 + t)}
+        env.final_obs["states"][0] = -1.0 if t == 0 else env.final_obs["states"][0]
+        b.add_chunk(env, torch.ones(2, 1, dtype=torch.bool))
+    traj = b.finish(policy_output(2, 1, value=0.0), torch.tensor([0, 1]))
+    assert torch.equal(traj.forward_inputs["next_states"][0, 0], torch.full((4,), -1.0))
+    assert torch.equal(traj.forward_inputs["next_states"][0, 1], torch.full((4,), 10.0))
+    batch = trajectory_transitions(traj)
+    assert len(batch) == 4
+    assert batch.obs["states"][:, 0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert batch.next_obs["states"][:, 0].tolist() == [-1.0, 10.0, 11.0, 11.0]
+    assert batch.actions.shape == (4, 1) and batch.rewards.tolist() == [1.0, 2.0, 1.0, 2.0]
+    assert batch.truncations.tolist() == [True, False, False, False]
+    assert batch.terminations.tolist() == [False, False, False, True]

@@ -19,6 +19,7 @@ from rlinf.sched import (
     WorkerError,
     launch_groups,
     wait_all,
+    wait_for_progress,
 )
 from rlinf.sched.worker import group as group_module
 from rlinf.sched.worker.group import RAY_NAMESPACE
@@ -94,6 +95,30 @@ def test_results_in_the_order_given_and_in_rank_order(pair) -> None:
     with pytest.raises(ValueError, match=r"a.nap\(\) is passed to wait_all twice"):
         wait_all([fut, fut])
     fut.wait(timeout=60)
+
+
+def test_wait_for_progress_returns_when_one_more_rank_ends(pair, tmp_path) -> None:
+    """It blocks while every rank runs, and returns once one of them ends."""
+    a, b = pair
+    gate = Channel.create(f"progress-{tmp_path.name}")
+    try:
+        held, free = a.wait_for(gate), b.nap(0.0)
+        for _ in range(3):  # b's two ranks end: one return each at most
+            if free.done():
+                break
+            wait_for_progress([held, free], timeout=60)
+        assert free.done() and not held.done()
+        wait_for_progress([held], timeout=0.5)  # nothing ends: it returns at its timeout
+        assert not held.done()
+        _open(gate, 2)
+        for _ in range(3):
+            if held.done():
+                break
+            wait_for_progress([held], timeout=60)
+        assert wait_all([held, free], timeout=60) == [[0, 1], [0, 1]]
+        wait_for_progress([held, free], timeout=60)  # nothing running: returns at once
+    finally:
+        gate.close()
 
 
 def test_first_failure_wins_while_another_future_still_runs(pair) -> None:

@@ -3,11 +3,14 @@
 Sections (``examples/embodiment/config/*.yaml`` show all of them)::
 
     cluster:    num_nodes, component_placement, cpu_slots_per_node, node_groups
-    runner:     max_epochs / max_steps, val_check_interval, save_interval, resume_dir,
-                seed, logger, val_before_train, plugin_modules, timeouts
-    algorithm:  adv_type (gae | grpo), loss_type (actor_critic | actor), gamma, gae_lambda,
+    runner:     mode (sync | async), max_epochs / max_steps, val_check_interval, save_interval,
+                resume_dir, seed, logger, val_before_train, plugin_modules, timeouts
+    algorithm:  adv_type (gae | grpo), loss_type (actor_critic | actor | sac), gamma, gae_lambda,
                 clip ratios, value_clip, huber_delta, entropy_bonus, update_epoch,
-                normalize_advantages, group_size, reward_type, bootstrap_type, loss_agg_mode
+                normalize_advantages, group_size, reward_type, bootstrap_type, loss_agg_mode;
+                SAC (runner.mode: async): tau, replay_capacity, replay_ratio, warmup_steps,
+                updates_per_step, weight_sync_interval, init_alpha, auto_alpha,
+                target_entropy, max_update_lag
     env:        train / eval (an EnvConfig each; num_envs counts one env rank's envs over
                 all pipeline stages; max_steps_per_rollout_epoch is the rollout length)
     rollout:    pipeline_stage_num, enable_offload, adaptive_stages
@@ -103,9 +106,16 @@ class EmbodiedClusterConfig(ClusterConfig):
 class EmbodiedRunnerConfig(RunnerConfig):
     """The training loop (``runner``).
 
-    Training runs ``max_epochs`` steps (one rollout + one update each), capped
-    by ``max_steps`` when that is set.
+    Training runs ``max_epochs`` steps, capped by ``max_steps`` when that is set.
+    A sync step is one rollout + one update; an async (SAC) step is
+    ``algorithm.updates_per_step`` gradient updates while env and rollout keep running.
     """
+
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: EmbodiedRunner (PPO/GRPO, rollout then train); async: "
+        "AsyncEmbodiedRunner (SAC: env and rollout run on while the actor trains).",
+    )
 
     val_before_train: bool = Field(
         False, description="Evaluate once before the first training step (logged at step 0)."
@@ -131,9 +141,10 @@ class AlgorithmConfig(RLinfModel):
     """Advantage estimator and losses (``algorithm``)."""
 
     adv_type: Literal["gae", "grpo"] = Field("gae", description="gae (PPO) or grpo.")
-    loss_type: Literal["actor_critic", "actor"] = Field(
+    loss_type: Literal["actor_critic", "actor", "sac"] = Field(
         "actor_critic",
-        description="actor_critic: PPO policy + value loss; actor: policy loss only (GRPO).",
+        description="actor_critic: PPO policy + value loss; actor: policy loss only (GRPO); "
+        "sac: soft actor-critic from a replay buffer (needs runner.mode: async).",
     )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount per sub-step (or per chunk).")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
@@ -168,6 +179,48 @@ class AlgorithmConfig(RLinfModel):
     )
     loss_agg_mode: Literal["token-mean", "episode-length-norm"] = Field(
         "token-mean", description="Loss reduction (episode-length-norm: no auto-reset runs)."
+    )
+    # SAC (loss_type: sac, runner.mode: async) ----------------------------------------
+    tau: float = Field(0.005, gt=0, le=1, description="SAC: Polyak weight of the target critics.")
+    replay_capacity: int = Field(
+        1_000_000, ge=1, description="SAC: transitions the replay buffer keeps (a ring)."
+    )
+    replay_ratio: float = Field(
+        1.0,
+        gt=0,
+        description="SAC: gradient updates per env step after warm-up (the actor waits for "
+        "env steps when it is ahead).",
+    )
+    warmup_steps: int = Field(
+        5000,
+        ge=0,
+        description="SAC: env steps (all env ranks) taken with uniform random actions before "
+        "learning starts (rounded up to whole rollout epochs).",
+    )
+    updates_per_step: int = Field(
+        50,
+        ge=1,
+        description="SAC: gradient updates per runner step (runner.max_epochs, "
+        "val_check_interval and save_interval count these steps).",
+    )
+    weight_sync_interval: int = Field(
+        50,
+        ge=1,
+        description="SAC: refresh the rollout's weights once this many updates were made since "
+        "the last refresh (checked at step ends, between rollout epochs).",
+    )
+    init_alpha: float = Field(1.0, gt=0, description="SAC: initial entropy temperature.")
+    auto_alpha: bool = Field(
+        True, description="SAC: tune alpha towards target_entropy (else alpha stays init_alpha)."
+    )
+    target_entropy: float | None = Field(
+        None, description="SAC: entropy target of auto_alpha; null: -action_dim."
+    )
+    max_update_lag: int | None = Field(
+        None,
+        ge=0,
+        description="SAC: the env pauses before a rollout epoch while the actor is more than "
+        "this many updates behind replay_ratio * env steps; null: the env never waits.",
     )
 
 
@@ -292,7 +345,34 @@ class EmbodiedConfig(RLinfModel):
                 f"algorithm.reward_type={alg.reward_type!r} gives one per sub-step; set "
                 "reward_type: chunk_level, or logprob_type: action_level / token_level"
             )
-        if alg.adv_type == "gae":
+        sac = alg.loss_type == "sac"
+        if sac != (self.runner.mode == "async"):
+            raise ValueError(
+                f"runner.mode={self.runner.mode!r} does not fit algorithm.loss_type="
+                f"{alg.loss_type!r}: SAC trains off-policy with the async runner and PPO/GRPO "
+                "with the sync one; set runner.mode: async with loss_type: sac, or runner.mode: "
+                "sync with loss_type actor_critic / actor"
+            )
+        if sac:
+            if actor.model.model_type != "sac_mlp":
+                raise ValueError(
+                    f"actor.model.model_type={actor.model.model_type!r} has no twin Q critics; "
+                    "algorithm.loss_type: sac needs actor.model.model_type: sac_mlp"
+                )
+            if actor.optim.lr_scheduler != "constant" or actor.optim.warmup_steps:
+                raise ValueError(
+                    f"actor.optim.lr_scheduler={actor.optim.lr_scheduler!r} (warmup_steps="
+                    f"{actor.optim.warmup_steps}): SAC trains at constant learning rates; set "
+                    "actor.optim.lr_scheduler: constant and actor.optim.warmup_steps: 0"
+                )
+            if actor.micro_batch_size != actor.global_batch_size:
+                raise ValueError(
+                    f"actor.micro_batch_size={actor.micro_batch_size} differs from "
+                    f"actor.global_batch_size={actor.global_batch_size}; SAC samples one "
+                    "minibatch of global_batch_size per update (no accumulation); set "
+                    f"actor.micro_batch_size: {actor.global_batch_size}"
+                )
+        elif alg.adv_type == "gae":
             if alg.loss_type != "actor_critic":
                 raise ValueError(
                     f"algorithm.loss_type={alg.loss_type!r} does not fit adv_type 'gae': GAE "
@@ -398,6 +478,29 @@ class EmbodiedConfig(RLinfModel):
             ConfigError: Naming the key to change, with the numbers and the fix.
         """
         issues: list[ConfigIssue] = []
+        if self.algorithm.loss_type == "sac":
+            if actor != 1:
+                issues.append(
+                    ConfigIssue(
+                        "cluster.component_placement",
+                        f"places {actor} actor ranks but SAC trains on one (its replay buffer "
+                        "and updates are not sharded); place the actor on one resource rank, "
+                        "e.g. actor: 0",
+                        NO_VALUE,
+                    )
+                )
+            if rollout > env:
+                issues.append(
+                    ConfigIssue(
+                        "cluster.component_placement",
+                        f"places {rollout} rollout ranks for {env} env ranks; place at most as "
+                        "many rollout ranks as env ranks",
+                        NO_VALUE,
+                    )
+                )
+            if issues:
+                raise ConfigError(issues)
+            return
         stages = self.rollout.pipeline_stage_num
         n_stage = self.stage_num_envs("train")
         pieces = math.lcm(actor, env * stages)

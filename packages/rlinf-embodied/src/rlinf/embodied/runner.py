@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -96,10 +96,13 @@ class EmbodiedRunner(ClosesOnExit):
         stage_chooser: Pipelined or merged stages (``rollout.adaptive_stages``).
     """
 
+    actor_protocol: ClassVar[type] = EmbodiedActorWorker
+    """The role protocol the actor group's class must implement."""
+
     def __init__(
         self, cfg: EmbodiedConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup
     ) -> None:
-        check_implements(actor.worker_cls, EmbodiedActorWorker)
+        check_implements(actor.worker_cls, self.actor_protocol)
         check_implements(rollout.worker_cls, EmbodiedRolloutWorker)
         check_implements(env.worker_cls, EmbodiedEnvWorker)
         self.cfg = cfg
@@ -195,6 +198,7 @@ class EmbodiedRunner(ClosesOnExit):
         specs = self._wait([self.env.init_worker(cfg, self.actor.world_size)])[0]
         self.spec = specs[0]
         cfg.check_world_sizes(**sizes, max_episode_steps=self.spec.max_episode_steps)
+        self.check_spec(self.spec)
         self._wait(
             [
                 self.rollout.init_worker(
@@ -226,6 +230,13 @@ class EmbodiedRunner(ClosesOnExit):
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         self._initialized = True
         startup.mark("init_workers")
+
+    def check_spec(self, spec: Any) -> None:
+        """Checks the env's spec against the algorithm before policies are built (a hook).
+
+        Args:
+            spec: The train env's :class:`~rlinf.core.protocols.embodied.EnvSpec`.
+        """
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restores the actor, the envs, the env-step count and the step from ``path``.

@@ -5,7 +5,7 @@ accelerators), the placement layer (:mod:`rlinf.sched.placement`, pure
 logic over :class:`ClusterInfo`), and :class:`Worker` / :class:`WorkerGroup`
 (one actor per placement, group calls returning futures, errors naming the
 rank), :func:`launch_groups` (several groups at once, all or none),
-:func:`wait_all` (one fail-fast wait for several calls),
+:func:`wait_all` (one fail-fast wait for several calls), :func:`wait_for_progress`,
 point-to-point ``send``/``recv``/``broadcast`` between workers of any groups
 (:mod:`rlinf.sched.comm`), channels found by name across nodes, device locks
 and offload/onload hooks for collocated phases.
@@ -24,7 +24,7 @@ from rlinf.sched.placement import (
     NodePlacementStrategy,
     PackedPlacementStrategy,
 )
-from rlinf.sched.wait import wait_all
+from rlinf.sched.wait import wait_all, wait_for_progress
 from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
 
 try:
@@ -56,4 +56,5 @@ __all__ = [
     "__version__",
     "launch_groups",
     "wait_all",
+    "wait_for_progress",
 ]

@@ -28,7 +28,7 @@ import ray
 from rlinf.core.logging import get_logger
 from rlinf.sched.worker.group import DEFAULT_TIMEOUT_S, GroupFuture
 
-__all__ = ["wait_all"]
+__all__ = ["wait_all", "wait_for_progress"]
 
 DISCARD_TIMEOUT_S = 5.0
 """After ``on_error``, how long the calls still running get to end before they are dropped."""
@@ -117,6 +117,26 @@ def wait_all(
             _discard(pending, DISCARD_TIMEOUT_S)
         raise
     return results
+
+
+def wait_for_progress(futures: Sequence[GroupFuture], timeout: float) -> None:
+    """Blocks until one more rank of ``futures`` finishes, at most ``timeout`` s.
+
+    For drivers that keep several calls in flight and act on whichever ends
+    first (the async embodied runner): it returns at once when no rank is still
+    running, and does not fetch results or raise (collect them with
+    :func:`wait_all`, which raises a failed rank's error).
+
+    Args:
+        futures: The calls in flight.
+        timeout: Seconds to block at most.
+    """
+    refs = [ref for future in futures for ref in future.refs]
+    if not refs:
+        return
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    if running:
+        ray.wait(running, num_returns=1, timeout=timeout, fetch_local=False)
 
 
 def _describe(

@@ -11,7 +11,8 @@ Registries resolve ``algorithm.adv_type`` and ``algorithm.loss_type``::
 Modules: ``registry`` (name tables), ``inputs`` (estimator inputs/outputs),
 ``embodied_advantages`` / ``reasoning_advantages`` (the math),
 ``advantages`` (the registered estimators), ``loss_mask``, ``losses``, ``kl``,
-``entropy``, ``off_policy`` (truncated IS, ratio early stop), ``utils`` (masked
+``entropy``, ``off_policy`` (truncated IS, ratio early stop), ``sac`` (soft
+actor-critic losses, Polyak update), ``utils`` (masked
 reductions, whitening, loss aggregation), ``step_metrics`` (metric means read
 once per step).
 See ``docs/algorithms.md``.
@@ -62,6 +63,14 @@ from rlinf.core.algorithms.registry import (
     register_advantage,
     register_policy_loss,
 )
+from rlinf.core.algorithms.sac import (
+    default_target_entropy,
+    polyak_update,
+    sac_actor_loss,
+    sac_alpha_loss,
+    sac_critic_loss,
+    sac_q_target,
+)
 from rlinf.core.algorithms.step_metrics import MetricMeans, to_floats
 from rlinf.core.algorithms.utils import (
     LOSS_AGG_MODES,
@@ -96,6 +105,7 @@ __all__ = [
     "compute_grpo_advantages",
     "compute_loss_mask",
     "compute_reinforce_plus_plus",
+    "default_target_entropy",
     "early_stop_ratio_exceeded",
     "entropy_from_logits",
     "explained_variance",
@@ -109,11 +119,16 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "polyak_update",
     "ppo_policy_loss",
     "register_advantage",
     "register_policy_loss",
     "reinforce_plus_plus_advantage",
     "resize_loss_mask",
+    "sac_actor_loss",
+    "sac_alpha_loss",
+    "sac_critic_loss",
+    "sac_q_target",
     "to_floats",
     "truncated_is_weights",
     "value_loss",

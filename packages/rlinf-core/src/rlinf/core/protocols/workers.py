@@ -27,6 +27,7 @@ __all__ = [
     "EmbodiedActorWorker",
     "EmbodiedEnvWorker",
     "EmbodiedRolloutWorker",
+    "OffPolicyEmbodiedActorWorker",
     "OffloadableWorker",
     "ReasoningActorWorker",
     "ReasoningRewardWorker",
@@ -147,6 +148,35 @@ class EmbodiedActorWorker(CheckpointableWorker, Protocol):
 
     def run_training(self) -> dict[str, float]:
         """Runs the update epochs on the received batch; returns ``actor/*`` metrics."""
+
+
+@runtime_checkable
+class OffPolicyEmbodiedActorWorker(CheckpointableWorker, Protocol):
+    """Trains off-policy (SAC) from a replay buffer fed by trajectories from a channel.
+
+    The async runner calls :meth:`train_step` while env and rollout keep running;
+    the actor moves whatever trajectories have arrived into its buffer first.
+    """
+
+    def init_worker(
+        self,
+        cfg: Any,
+        spec: EnvSpec,
+        rollout_group: str,
+        rollout_world_size: int,
+        env_world_size: int,
+        offload: bool = False,
+    ) -> None:
+        """Builds the model, target networks, optimizers and the replay buffer."""
+
+    def sync_model_to_rollout(self) -> int:
+        """Sends the current weights to the rollout group; returns their version."""
+
+    def ingest(self, actor_channel: Channel) -> int:
+        """Moves every trajectory waiting in the channel into the buffer; returns rows added."""
+
+    def train_step(self, actor_channel: Channel) -> dict[str, float]:
+        """Ingests, waits for enough env steps, runs one step of updates; returns metrics."""
 
 
 # ------------------------------------------------------------- reasoning roles

@@ -1,4 +1,4 @@
-"""Embodied policies: the :class:`BasePolicy` interface, MLP and CNN policies, and their registry.
+"""Embodied policies: the :class:`BasePolicy` interface, MLP, CNN and SAC policies, their registry.
 
 Example::
 
@@ -25,6 +25,7 @@ from rlinf.embodied.models.registry import (
     get_policy_class,
     register_policy,
 )
+from rlinf.embodied.models.sac import SACPolicy
 
 __all__ = [
     "ActionHead",
@@ -36,6 +37,7 @@ __all__ = [
     "MLPPolicy",
     "NatureCNNEncoder",
     "PolicyConfig",
+    "SACPolicy",
     "ValueHead",
     "available_policies",
     "build_policy",

@@ -5,6 +5,7 @@
 * :class:`MultiStepRolloutWorker`: the policy server (sampling for training,
   deterministic actions for eval, bootstrap values of final observations).
 * :class:`EmbodiedFSDPActor`: FSDP2 training with PPO or GRPO.
+* :class:`EmbodiedSACActor`: off-policy SAC from a replay buffer (async runner).
 
 The classes are imported on first access, so a worker process only imports
 what its own role needs (an env worker never imports FSDP).
@@ -19,12 +20,20 @@ if TYPE_CHECKING:
     from rlinf.embodied.workers.actor_worker import EmbodiedFSDPActor
     from rlinf.embodied.workers.env_worker import EnvWorker
     from rlinf.embodied.workers.rollout_worker import MultiStepRolloutWorker
+    from rlinf.embodied.workers.sac_actor_worker import EmbodiedSACActor
     from rlinf.embodied.workers.trajectory import TrajectoryBuilder
 
-__all__ = ["EmbodiedFSDPActor", "EnvWorker", "MultiStepRolloutWorker", "TrajectoryBuilder"]
+__all__ = [
+    "EmbodiedFSDPActor",
+    "EmbodiedSACActor",
+    "EnvWorker",
+    "MultiStepRolloutWorker",
+    "TrajectoryBuilder",
+]
 
 _MODULES = {
     "EmbodiedFSDPActor": "rlinf.embodied.workers.actor_worker",
+    "EmbodiedSACActor": "rlinf.embodied.workers.sac_actor_worker",
     "EnvWorker": "rlinf.embodied.workers.env_worker",
     "MultiStepRolloutWorker": "rlinf.embodied.workers.rollout_worker",
     "TrajectoryBuilder": "rlinf.embodied.workers.trajectory",

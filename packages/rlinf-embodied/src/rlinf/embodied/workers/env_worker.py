@@ -172,7 +172,11 @@ class EnvWorker(Worker):
                 )
                 builders.append(
                     TrajectoryBuilder(
-                        stream.num_envs, chunks, cfg.algorithm.gamma, cfg.algorithm.bootstrap_type
+                        stream.num_envs,
+                        chunks,
+                        cfg.algorithm.gamma,
+                        cfg.algorithm.bootstrap_type,
+                        collect_next_obs=cfg.algorithm.loss_type == "sac",
                     )
                 )
             # Round t < steps acts on the obs after chunk t - 1; the last request of a

@@ -11,6 +11,11 @@ implementation (see ``docs/embodied.md``):
   episode with ``bootstrap_type: always``) is added to the reward of that
   sub-step once the rollout has evaluated the final observation, i.e. when the
   next policy output of the stage arrives.
+
+With ``collect_next_obs`` (SAC), each chunk's ``forward_inputs`` also get
+``next_<key>`` entries: the observation after the chunk, i.e. the episode's
+real final observation where it ended (``final_obs``), not the reset one, so
+an off-policy critic can bootstrap from it on truncation.
 """
 
 from __future__ import annotations
@@ -35,10 +40,19 @@ class TrajectoryBuilder:
         num_chunks: ``C``.
         gamma: Discount used for the bootstrap.
         bootstrap_type: ``standard`` (truncations) or ``always`` (every end).
+        collect_next_obs: Store ``next_<key>`` forward inputs (see the module docstring).
     """
 
-    def __init__(self, num_envs: int, num_chunks: int, gamma: float, bootstrap_type: str) -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        num_chunks: int,
+        gamma: float,
+        bootstrap_type: str,
+        collect_next_obs: bool = False,
+    ) -> None:
         self.n, self.c = num_envs, num_chunks
+        self.collect_next_obs = collect_next_obs
         self.gamma = gamma
         self.bootstrap_always = bootstrap_type == "always"
         self.actions: list[torch.Tensor] = []
@@ -107,6 +121,11 @@ class TrajectoryBuilder:
         truncations = torch.zeros(self.n, self.c, dtype=torch.bool)
         terminations[rows[term], col[term]] = True
         truncations[rows[trunc], col[trunc]] = True
+        if self.collect_next_obs:
+            after = out.final_obs if out.final_obs is not None else out.obs
+            inputs = self.forward_inputs[-1]
+            for key in [k for k in inputs if k in after]:
+                inputs[f"next_{key}"] = after[key].to(inputs[key].dtype).clone()
         self.rewards.append(rewards)
         self.terminations.append(terminations)
         self.truncations.append(truncations)
