@@ -140,6 +140,7 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "EnvGroup"], eval_ran=True)
 
 
+@pytest.mark.slow  # ~25 s; the sync Ctrl-C test covers the shared path in the default tier
 def test_ctrl_c_stops_the_async_sac_example_cleanly(tmp_path: Path) -> None:
     """The async runner is interrupted with rollout epochs and actor steps in flight."""
     logs = tmp_path / "logs"
