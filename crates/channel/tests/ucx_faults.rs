@@ -256,6 +256,9 @@ fn home_killed(tls: &str, mid_transfer: bool) {
         home.get(home.lane(b"k").unwrap(), Some(BOUND), false)
             .unwrap(),
     );
+    // The drain thread owns the home channel in the mid-transfer case: joined at the
+    // end, so the channel is dropped (its segments unlinked) before the process exits.
+    let mut drain = None;
     let err = if mid_transfer {
         // Keep putting; kill the home agent while transfers run.
         let r = Arc::clone(&remote);
@@ -277,11 +280,11 @@ fn home_killed(tls: &str, mid_transfer: bool) {
             rx.recv_timeout(BOUND).expect("puts stalled");
             drop(home.get(hl, Some(BOUND), false).unwrap());
         }
-        thread::spawn(move || {
+        drain = Some(thread::spawn(move || {
             while let Ok(l) = home.get(hl, Some(Duration::from_secs(2)), false) {
                 drop(l);
             }
-        });
+        }));
         kill(agent_proc);
         no_hang("a put while the home agent dies", move || {
             putter.join().unwrap()
@@ -309,6 +312,9 @@ fn home_killed(tls: &str, mid_transfer: bool) {
         again.to_string().contains("cannot reach the channel agent"),
         "{tls}: {again}"
     );
+    if let Some(drain) = drain {
+        drain.join().unwrap();
+    }
 }
 
 #[test]
