@@ -16,7 +16,7 @@ side, while the task is generated.
 
 The initial accuracy is measured once: the warm start's greedy held-out
 accuracy that :func:`make_toy_task` reports (the runner's eval at step 0
-gives the same number; ``test_e2e_learning.py`` checks that). Each mode then
+agrees within 0.02; ``test_e2e_learning.py`` checks that). Each mode then
 trains from the same warm start, evaluates (greedy, all held-out prompts)
 every ``EVAL_EVERY`` steps and stops at the first eval at or above
 ``initial + 0.15``, or after ``MAX_STEPS`` (the test then fails: the row has no
