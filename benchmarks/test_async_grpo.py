@@ -27,7 +27,9 @@ is part of what async buys).
 
 Rows (higher is better):
 
-* time to +15 points: ``sync seconds / async seconds``; target 1.3x, floor 0.7x;
+* time to +15 points: ``sync seconds / async seconds``; target 1.3x, floor 0.6x
+  (three runs measured 1.13x, 1.07x and 0.81x: the step at which an eval
+  first reaches the goal moves by tens of steps between async runs);
 * step time, from the same runs: ``sync median time/step / async median
   time/step`` (steps after the first ``WARMUP``); informational.
 
@@ -175,7 +177,7 @@ def test_async_vs_sync_grpo_time_to_accuracy(
         unit="s",
         baseline_name="sync GRPO",
         target=1.3,
-        floor=0.7,
+        floor=0.6,
         higher_is_better=False,
     )
     record_ratio(
