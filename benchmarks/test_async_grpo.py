@@ -1,32 +1,50 @@
-"""Asynchronous GRPO (``algorithm.max_staleness: 1``) against synchronous GRPO, same run.
+"""Asynchronous GRPO (``algorithm.max_staleness: 1``) against synchronous GRPO: time to accuracy.
 
-Issue 18 part 3 targets 1.3x the training steps per second. Both runs use the
-toy task (a short warm start, so responses have realistic lengths), the same
-disaggregated placement (actor on CPU slot 0; rollout and reward on slot 1)
-and the same recipe (shuffled minibatches as in ``toy_grpo_cpu.yaml``,
-recomputed logprobs, truncated IS on in both so only the schedule differs).
-The groups are launched once per mode (a worker's mode is fixed at launch);
-the runs alternate (sync, async, sync, async) and each reports the median
-``time/step`` over its steps after the first ``WARMUP``. The row is
-``sync step time / async step time`` (higher is better).
+Issue 18's acceptance metric: async GRPO reaches the same +15-point gain in
+held-out accuracy on the toy task as sync GRPO in less wall-clock time (target
+1.3x), and never trains on groups older than ``max_staleness`` versions.
 
-Measured on the 2-core box: 1.36x (async 0.67/0.69 s, sync 0.94/0.92 s per
-step) on a quiet moment; 1.04x (async 0.68/0.96 s, sync 0.86/0.84 s) with a
-load average of ~4 from other jobs; 1.04x in an earlier run (with
-``sft_steps=60`` and ``max_new_tokens=8``, the same response lengths) while
-other suites ran: the gain needs the actor and the rollout to really run side
-by side (in the loaded runs the async actor never waited for data, but its
-training slowed down sharing the cores).
+One run, one cluster, one task. Both modes use the same disaggregated
+placement (actor on CPU slot 0; rollout and reward on slot 1) and the same
+recipe, the shipped ``toy_grpo_cpu.yaml`` (64 prompts x 16 samples, shuffled
+minibatches, recomputed logprobs, ``actor.optim.lr`` ``LR``) that the slow
+learning test (``test_e2e_learning.py``) runs for 300 steps; truncated IS is
+at its default, on in async mode and off in sync mode (where the recomputed
+and the rollout logprobs agree, so the weights would be 1). The groups of
+each mode are launched once (a worker's mode is fixed at launch), side by
+side, while the task is generated.
 
-Where the time goes: a synchronous step waits for the whole batch to be
-generated (shuffled minibatches need all of it) and for the weight sync; the
-asynchronous step trains on groups generated during the previous step, while
-the rollout already generates the next batch with weights one version old.
+The initial accuracy is measured once: the warm start's greedy held-out
+accuracy that :func:`make_toy_task` reports (the runner's eval at step 0
+agrees within 0.02; ``test_e2e_learning.py`` checks that). Each mode then
+trains from the same warm start, evaluates (greedy, all held-out prompts)
+every ``EVAL_EVERY`` steps and stops at the first eval at or above
+``initial + 0.15``, or after ``MAX_STEPS`` (the test then fails: the row has no
+time). Its time is the wall clock from the start of its first step to the end
+of that eval, evals included (both modes evaluate at the same steps; in the
+async run the rollout keeps generating the next batch during an eval, which
+is part of what async buys).
+
+Rows (higher is better):
+
+* time to +15 points: ``sync seconds / async seconds``; target 1.3x, floor 0.6x
+  (three runs measured 1.13x, 1.07x and 0.81x: the step at which an eval
+  first reaches the goal moves by tens of steps between async runs);
+* step time, from the same runs: ``sync median time/step / async median
+  time/step`` (steps after the first ``WARMUP``); informational.
+
+Every async step's ``rollout/staleness_max`` is checked to be at most
+``max_staleness`` (the runner also raises if the actor trained on an older
+weight version).
+
+Measured on the shared 2-core box: see ``docs/sync_vs_async.md`` for the
+numbers and the command.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,82 +54,87 @@ import pytest
 import ray
 import torch
 
-from rlinf.core.config import validate_config
+from rlinf.core.config import load_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
 from rlinf.sched import Cluster, WorkerGroup
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1500)
 
-STEPS = 8
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
+GAIN = 0.15
+LR = 2e-4
+EVAL_EVERY = 10
+MAX_STEPS = 350
 WARMUP = 2
-ROUNDS = 2
-TASK = ToyTaskConfig(num_train=400, num_test=20, max_operand=29, sft_steps=20, batch_size=64)
+K = 1
+# The task of the docs' quickstart and of the slow learning test.
+TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300, batch_size=64)
 
 
 def _cfg(toy: Path, logs: Path, staleness: int) -> ReasoningConfig:
-    return validate_config(
-        {
-            "cluster": {
-                "cpu_slots_per_node": 2,
-                "torch_threads": 1,
-                "component_placement": {"actor": 0, "rollout": 1, "reward": 1},
-            },
-            "runner": {
-                "max_steps": STEPS,
-                "max_epochs": 100,
-                "val_check_interval": -1,
-                "val_before_train": False,
-                "save_interval": -1,
-                "step_timeout_s": 600,
-                "channel_timeout_s": 300,
-                "logger": {"log_path": str(logs), "logger_backends": []},
-            },
-            "data": {
-                "train_files": [str(toy / "train.jsonl")],
-                "prompt_key": "problem",
-                "answer_key": "answer",
-                "max_prompt_length": 16,
-                "seed": 1,
-            },
-            "algorithm": {
-                "group_size": 16,
-                "rollout_batch_size": 32,
-                "n_minibatches": 4,
-                "shuffle_rollout": True,
-                "max_staleness": staleness,
-                "importance_sampling_fix": True,
-                "sampling_params": {"temperature": 1.0, "max_new_tokens": 16},
-            },
-            "rollout": {"groups_per_chunk": 8},
-            "actor": {
-                "model_path": str(toy / "warmstart"),
-                "micro_batch_size": 64,
-                "sync_bucket_mb": 0.25,
-                "optim": {"lr": 2e-4},
-            },
-            "reward": {"num_workers": 1},
-        },
+    return load_config(
+        "toy_grpo_cpu",
+        CONFIG_DIR,
+        [
+            f"data.train_files=[{toy}/train.jsonl]",
+            f"data.val_files=[{toy}/test.jsonl]",
+            f"actor.model_path={toy}/warmstart",
+            f"runner.max_steps={MAX_STEPS}",
+            "runner.save_interval=-1",
+            f"runner.val_check_interval={EVAL_EVERY}",  # builds the held-out set
+            "runner.val_before_train=false",
+            f"runner.logger.log_path={logs}",
+            "runner.logger.logger_backends=[]",
+            f"actor.optim.lr={LR}",
+            f"algorithm.max_staleness={staleness}",
+        ],
         ReasoningConfig,
     )
 
 
-def _step_time(cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...]) -> float:
+def _time_to_gain(
+    cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...], goal: float
+) -> dict[str, Any]:
+    """Trains until an eval reaches ``goal`` (or ``MAX_STEPS``); returns times and curve."""
     runner = ReasoningRunner(cfg, *groups)
+    evals: list[tuple[int, float, float]] = []  # (step, accuracy, seconds since start)
+    steps: list[dict[str, float]] = []  # what each train_step returned
+    reached: float | None = None
     try:
         runner.init_workers()
-        runner.run()
+        start = time.perf_counter()
+        while runner.global_step < runner.total_steps:
+            steps.append(runner.train_step())
+            step = runner.global_step
+            if step % EVAL_EVERY == 0:
+                acc = runner.evaluate()["eval/accuracy"]
+                evals.append((step, acc, time.perf_counter() - start))
+                print(f"  k={cfg.algorithm.max_staleness} step {step}: {acc:.3f}", flush=True)
+                if acc >= goal:
+                    reached = evals[-1][2]
+                    break
+        runner.stop_streams()
     finally:
         runner.close()
-    return statistics.median(m["time/step"] for m in runner.metrics_history[WARMUP:])
+    return {
+        "seconds": reached,
+        "evals": evals,
+        "step_time": statistics.median(m["time/step"] for m in steps[WARMUP:]),
+        "train_seconds": sum(m["time/step"] for m in steps),
+        "staleness_max": max((m.get("rollout/staleness_max", 0.0) for m in steps), default=0.0),
+        "dropped": sum(m.get("rollout/dropped_stale_groups", 0.0) for m in steps),
+        "steps": len(steps),
+    }
 
 
-def test_async_vs_sync_grpo_step_time(tmp_path: Path, record_ratio: Callable[..., object]) -> None:
+def test_async_vs_sync_grpo_time_to_accuracy(
+    tmp_path: Path, record_ratio: Callable[..., object]
+) -> None:
     assert not ray.is_initialized()
     toy = tmp_path / "toy"
-    cfgs = {mode: _cfg(toy, tmp_path / mode, k) for mode, k in (("sync", 0), ("async", 1))}
-    times: dict[str, list[float]] = {"sync": [], "async": []}
+    cfgs = {mode: _cfg(toy, tmp_path / mode, k) for mode, k in (("sync", 0), ("async", K))}
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
         with ThreadPoolExecutor(max_workers=2) as pool:
             launches = {
@@ -120,26 +143,49 @@ def test_async_vs_sync_grpo_step_time(tmp_path: Path, record_ratio: Callable[...
             }
             before = torch.get_num_threads()
             torch.set_num_threads(1)
-            make_toy_task(toy, TASK)  # while the workers start
+            task = make_toy_task(toy, TASK)  # while the workers start
             torch.set_num_threads(before)
             launched: dict[str, Any] = {m: f.result(timeout=600) for m, f in launches.items()}
         groups = {m: (g[1], g[2], g[3]) for m, g in launched.items()}
+        goal = task.accuracy + GAIN
+        results: dict[str, dict[str, Any]] = {}
         try:
-            for _ in range(ROUNDS):
-                for mode in ("sync", "async"):
-                    times[mode].append(_step_time(cfgs[mode], groups[mode]))
+            for mode in ("sync", "async"):
+                results[mode] = _time_to_gain(cfgs[mode], groups[mode], goal)
         finally:
             for group_set in groups.values():
                 for group in group_set:
                     group.shutdown()
-    sync, async_ = statistics.median(times["sync"]), statistics.median(times["async"])
-    print(f"\nmedian step seconds: sync {times['sync']}, async (max_staleness 1) {times['async']}")
+    print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
+    for mode, r in results.items():
+        print(
+            f"{mode}: reached in {r['seconds']} s after {r['steps']} steps "
+            f"(training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
+            f"staleness max {r['staleness_max']:.0f}, dropped groups {r['dropped']:.0f}); "
+            f"evals (step, acc, s): {[(s, round(a, 3), round(t, 1)) for s, a, t in r['evals']]}"
+        )
+    assert results["async"]["staleness_max"] <= K
+    missed = [m for m, r in results.items() if r["seconds"] is None]
+    assert not missed, (
+        f"{missed} did not reach {goal:.3f} (+{GAIN:.2f}) within {MAX_STEPS} steps; "
+        "raise MAX_STEPS or LR"
+    )
     record_ratio(
-        "async GRPO (max_staleness 1) vs sync GRPO, toy task step time (32x16 responses)",
-        1.0 / async_,
-        1.0 / sync,
-        unit="steps/s",
+        f"async GRPO (max_staleness {K}) vs sync GRPO, toy task time to +15 points held-out",
+        results["async"]["seconds"],
+        results["sync"]["seconds"],
+        unit="s",
         baseline_name="sync GRPO",
         target=1.3,
-        floor=0.8,
+        floor=0.6,
+        higher_is_better=False,
+    )
+    record_ratio(
+        f"async GRPO (max_staleness {K}) vs sync GRPO, toy task step time (64x16 responses)",
+        1.0 / results["async"]["step_time"],
+        1.0 / results["sync"]["step_time"],
+        unit="steps/s",
+        baseline_name="sync GRPO",
+        target=None,
+        floor=None,
     )

@@ -5,10 +5,12 @@ slot 1) and a tiny untrained model (:func:`make_smoke_task`):
 
 * an async run of a few steps logs the staleness and throughput metrics,
   evaluates, checkpoints, and trains every requested prompt exactly once;
-* with a rollout that loads each weight sync late (a slow transfer, the test
-  hook below), groups older than ``max_staleness`` versions reach the actor:
-  it drops and counts them, never trains on them, and the dropped prompts are
-  generated again and trained;
+* with a rollout that loads each weight sync late (a slow transfer) and holds
+  some groups back (as reordering ranks would; the test hooks below), the
+  late loads make no group too old (the runner requests new prompts only
+  once the weights are loaded) and the held-back groups, older than
+  ``max_staleness`` versions when they reach the actor, are dropped and
+  counted, never trained on, and generated again and trained;
 * a resume from a checkpoint of the async run continues at its step and
   requests the prompts that were in flight at the save again;
 * the configuration errors name their keys.
@@ -42,24 +44,52 @@ PLACEMENT = {"actor": 0, "rollout": 1, "reward": 1}
 
 
 class LaggingRollout(RolloutWorker):
-    """A rollout whose weight syncs (after the first) start ``lag_s`` late.
+    """A rollout with two test hooks: late weight loads and held-back groups.
 
-    Generation goes on meanwhile with the older weights, as with a slow weight
-    transfer, so groups requested for later steps come from weights more than
-    ``max_staleness`` versions behind the actor's when it consumes them.
+    * Weight syncs (after the first) start ``lag_s`` late, as with a slow
+      weight transfer; generation goes on meanwhile with the older weights.
+      The runner requests new prompts only once a sync is loaded, so this
+      alone makes no group too old.
+    * With ``hold_step`` >= 0 the groups of that step's first chunk are held
+      back and put out only after a chunk of step ``hold_step + 2`` or later,
+      as when several rollout ranks reorder groups: the actor meets them at
+      step ``hold_step + 2`` or later, more than ``max_staleness`` = 1
+      versions after the weights that generated them.
     """
 
     lag_s = 0.0
+    hold_step = -1
+    num_held = 0
 
-    def set_lag(self, seconds: float) -> None:
-        """Sets the delay of every later sync."""
+    def set_lag(self, seconds: float, hold_step: int = -1) -> None:
+        """Sets the delay of every later sync and the step whose first chunk is held."""
         self.lag_s = seconds
+        self.hold_step = hold_step
+        self.num_held = 0
+        self._held: list[Any] = []
+
+    def held_groups(self) -> int:
+        """How many groups were held back."""
+        return self.num_held
 
     def sync_model_from_actor(self, actor_group: str) -> dict[str, Any]:
         """Waits ``lag_s``, then receives and loads the sync."""
         if self.num_syncs > 0:
             time.sleep(self.lag_s)
         return super().sync_model_from_actor(actor_group)
+
+    def _generate(self, requests: list[Any], sampling: Any, seed: int | None) -> list[Any]:
+        out: list[Any] = super()._generate(requests, sampling, seed)
+        h = self.hold_step
+        if h < 0:
+            return out
+        if self.num_held == 0 and any(r.step == h for r in out):
+            self._held = [r for r in out if r.step == h]
+            self.num_held = len(self._held)
+            return [r for r in out if r.step != h]
+        if self._held and any(r.step >= h + 2 for r in out):
+            out, self._held = out + self._held, []
+        return out
 
 
 def _config(toy: Path, logs: Path, name: str, **runner: Any) -> dict[str, Any]:
@@ -125,9 +155,11 @@ def groups(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list
                 group.shutdown()
 
 
-def _run(cfg: ReasoningConfig, groups: list[WorkerGroup], lag_s: float = 0.0) -> ReasoningRunner:
+def _run(
+    cfg: ReasoningConfig, groups: list[WorkerGroup], lag_s: float = 0.0, hold_step: int = -1
+) -> ReasoningRunner:
     actor, rollout, reward = groups
-    rollout.set_lag(lag_s).wait()
+    rollout.set_lag(lag_s, hold_step).wait()
     runner = ReasoningRunner(cfg, actor, rollout, reward)
     try:
         runner.init_workers()
@@ -185,8 +217,18 @@ def test_async_run_logs_staleness_and_trains_each_prompt_once(async_run: dict[st
 def test_stale_groups_are_dropped_counted_and_regenerated(
     toy: Path, groups: list[WorkerGroup], tmp_path: Path
 ) -> None:
+    """Held-back groups are dropped (exactly those); late weight loads drop nothing.
+
+    Each sync loads 1 s late. The runner requests the next batch only once the
+    step's weights are loaded, so no group is generated with weights more than
+    ``max_staleness`` versions older than the step that trains it: before
+    that rule, the rollout took the newly requested prompts before the late
+    load and the actor dropped a whole batch per step. The only drops are the
+    groups the rollout held back (step 1's first chunk, put out after step 3's).
+    """
     cfg = _cfg(toy, tmp_path, "lagging", max_steps=5)
-    runner = _run(cfg, groups, lag_s=2.0)
+    runner = _run(cfg, groups, lag_s=1.0, hold_step=1)
+    held = groups[1].held_groups().wait()[0]
     history = runner.metrics_history
     assert len(history) == 5
     for step, m in enumerate(history):
@@ -196,7 +238,7 @@ def test_stale_groups_are_dropped_counted_and_regenerated(
         assert m["train/weight_version"] == step
     dropped = sum(m["rollout/dropped_stale_groups"] for m in history)
     print(
-        "\nper step (staleness histogram 0..K, dropped):",
+        f"\nheld back {held}; per step (staleness histogram 0..K, dropped):",
         [
             (
                 [int(m[f"rollout/staleness_hist_{s}"]) for s in range(K + 1)],
@@ -205,7 +247,8 @@ def test_stale_groups_are_dropped_counted_and_regenerated(
             for m in history
         ],
     )
-    assert dropped > 0
+    assert held > 0
+    assert dropped == held
     # Dropped prompts were generated again and trained: each prompt exactly once.
     trained = Counter(i for step in runner.data_history for i in step)
     assert trained == _issued(cfg, 0, 5)

@@ -7,12 +7,15 @@ The :class:`~rlinf.reasoning.runner.ReasoningRunner` uses an
   and the reward one long :meth:`~rlinf.reasoning.workers.RewardWorker.score_stream`;
   the actor runs one ``run_training`` per step on the groups as they arrive;
 * the runner requests the prompts of step ``t`` once weights of version
-  ``t - k`` have been sent, i.e. it keeps the prompts of at most ``k + 1``
-  steps (``k + 1`` batches of N prompts) requested ahead of the trained ones;
+  ``t - k`` have been *loaded* by the rollout, i.e. it keeps the prompts of at
+  most ``k + 1`` steps (``k + 1`` batches of N prompts) requested ahead of the
+  trained ones, and a batch is never generated with weights older than
+  ``t - k``;
 * after each step the actor's new weights (version = the next step) go to the
-  rollout; the runner waits only for the actor to send them: the rollout
-  receives them on another thread and loads them between two generation
-  chunks (the next sync waits for that load);
+  rollout; the runner waits only for the actor to send them, then starts the
+  actor's step: the rollout receives them on another thread and loads them
+  between two generation chunks; the runner waits for that load (while the
+  actor trains) before it requests the next batch;
 * every group carries the version that generated it; at step ``t`` the actor
   drops any group older than ``t - k`` (counted in
   ``rollout/dropped_stale_groups``) and puts its prompt back on the request
@@ -214,8 +217,13 @@ class AsyncPipeline:
     def issue(self, step: int) -> None:
         """Requests the prompts of steps up to ``step + max_staleness`` (at most the last).
 
+        Call it only once the rollout has loaded weights of version ``step``
+        (:meth:`wait_synced`): a request taken by the rollout before that load
+        would be generated with version ``step - 1`` and be one version too old
+        when its step trains (it would be dropped and generated again).
+
         Args:
-            step: The step about to be trained (weights of this version were sent).
+            step: The step being trained (weights of this version were loaded).
         """
         runner = self.runner
         last = min(step + self.cfg.algorithm.max_staleness, runner.total_steps - 1)
@@ -249,6 +257,10 @@ class AsyncPipeline:
     def train(self, step: int) -> list[dict[str, Any]]:
         """Runs the actor's step ``step`` while watching the streams.
 
+        Starts the actor's training first (its groups were requested earlier),
+        then waits for the rollout to load version ``step`` and requests the
+        prompts up to ``step + max_staleness`` (:meth:`issue`).
+
         Args:
             step: The step (= the actor's weight version).
 
@@ -263,6 +275,8 @@ class AsyncPipeline:
         cfg = self.cfg
         fut = runner.actor.run_training(runner.rewarded, step, runner.requests)
         deadline = time.monotonic() + cfg.runner.step_timeout_s
+        self.wait_synced()  # version ``step`` is loaded: what is requested now is not too old
+        self.issue(step)
         while not fut.done() and time.monotonic() < deadline:
             for stream in self._streams:
                 if stream.done():

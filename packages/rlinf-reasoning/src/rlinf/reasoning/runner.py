@@ -454,8 +454,7 @@ class ReasoningRunner(ClosesOnExit):
         t_sync = time.perf_counter() - start
         if self.synced_version != step:
             t_sync += pipe.sync(step)
-        pipe.issue(step)
-        actor_out = pipe.train(step)
+        actor_out = pipe.train(step)  # requests the next prompts once the weights are loaded
         t_step = time.perf_counter() - start
         versions = sorted({v for r in actor_out for v in r["versions"]})
         if versions and (versions[0] < step - k or versions[-1] > step):
