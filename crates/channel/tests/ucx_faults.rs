@@ -9,7 +9,7 @@
 //!
 //! Children are this test binary re-run with `RLINF_TEST_CHILD` set (see
 //! `child_entry`).
-#![cfg(feature = "ucx")]
+#![cfg(rlinf_ucx)]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
