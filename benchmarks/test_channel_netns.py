@@ -19,9 +19,9 @@ kind's best run counts, so a burst of load from elsewhere hits all alike.
 UCX-tcp vs our TCP has target 1.0 and no floor: UCX emulates one-sided puts
 over tcp with active messages (its value is RDMA, which this VM lacks), so
 the row informs. Ours vs pyzmq one-way has a floor well below the measured
-ratio (2.35x here); the round trip vs pyzmq informs only: ours is two remote
+ratio (2.35-2.39x here); the round trip vs pyzmq informs only: ours is two remote
 channel operations through the agent (a put, then a get), pyzmq one
-send/recv on a socket (measured 0.17x here).
+send/recv on a socket (measured 0.17-0.44x here).
 
 Needs root and ``ip`` (iproute2) to create namespaces; skips otherwise,
 saying why. The UCX rows need the extension's UCX (``ucx_unavailable_reason``).
