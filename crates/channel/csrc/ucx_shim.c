@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 /* ---- The run-time binding: one table, filled once by rl_ucx_load. ---- */
 
@@ -35,6 +36,7 @@
  * mismatch between this table and UCX's API is a compile error. */
 #define RL_UCX_FUNCS(X)                                                        \
     X(ucs_status_string)                                                       \
+    X(ucs_log_push_handler)                                                    \
     X(ucp_config_read)                                                         \
     X(ucp_config_modify)                                                       \
     X(ucp_config_release)                                                      \
@@ -73,6 +75,24 @@ static struct {
 static pthread_once_t rl_load_once = PTHREAD_ONCE_INIT;
 static char rl_load_error[1024]; /* empty after a successful load */
 
+/* Set on a thread while it tries an endpoint with peer-failure handling
+ * (rl_ucx_ep_create): UCX's wireup then logs an ERROR ("no active messages
+ * transport to ...: sysv/memory - no peer failure handler, ...") when no
+ * transport supports it (shared memory), although the shim handles that by
+ * retrying without. rl_log_filter drops exactly those lines. */
+static __thread int rl_quiet_wireup;
+
+static ucs_log_func_rc_t rl_log_filter(const char *file, unsigned line, const char *function,
+                                       ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp_conf,
+                                       const char *message, va_list ap) {
+    (void)line; (void)function; (void)level; (void)comp_conf; (void)message; (void)ap;
+    if (rl_quiet_wireup && file != NULL && strstr(file, "select.c") != NULL) {
+        return UCS_LOG_FUNC_RC_STOP;
+    }
+    return UCS_LOG_FUNC_RC_CONTINUE;
+}
+
 static void rl_ucx_load_once(void) {
     const char *path = getenv("RLINF_UCX_LIBRARY");
     if (path == NULL || path[0] == '\0') path = RL_DEFAULT_LIBRARY;
@@ -100,6 +120,8 @@ static void rl_ucx_load_once(void) {
     } while (0);
     RL_UCX_FUNCS(RL_RESOLVE)
 #undef RL_RESOLVE
+    /* Once, before any UCX context exists; handlers run last-pushed first. */
+    ucx.ucs_log_push_handler(rl_log_filter);
     rl_load_error[0] = '\0';
 }
 
@@ -262,7 +284,9 @@ int rl_ucx_ep_create(rl_ctx *c, const void *addr, int peer_errors, rl_ep **out) 
         ep.err_handler.cb = rl_ep_error;
         ep.err_handler.arg = e;
     }
+    rl_quiet_wireup = peer_errors;
     ucs_status_t st = ucx.ucp_ep_create(c->worker, &ep, &e->ep);
+    rl_quiet_wireup = 0;
     if (st != UCS_OK) { free(e); return st; }
     *out = e;
     return UCS_OK;
