@@ -127,8 +127,12 @@ const NO_UCX_BUILD: &str = "this build of rlinf-channel has no UCX support: it w
 /// - `ucx`: the UCX transport; an error if this build lacks it, UCX's
 ///   library is missing here, or UCX cannot initialise (`UCX_TLS` and other
 ///   `UCX_*` variables pass through).
-/// - `auto`: UCX when compiled in, usable here and served by the agent,
-///   else TCP (per connection), silently.
+/// - `auto`: UCX when compiled in, usable here, served by the agent *and*
+///   this host has an RDMA device ([`rdma_device_present`]); else TCP (per
+///   connection), silently. Without RDMA hardware UCX would run over TCP or
+///   shared memory, where our own TCP backend is faster (docs/channel.md) and
+///   UCX 1.13 can abort a home whose peer dies mid-transfer: choose `ucx`
+///   explicitly to use it there.
 ///
 /// # Errors
 /// An invalid value (the error names the variable, the value and the
@@ -181,34 +185,45 @@ fn ucx_selected() -> io::Result<Arc<dyn Transport>> {
     ))
 }
 
-/// `auto`: UCX where it works for a connection, else TCP.
+/// Where the kernel lists RDMA devices (InfiniBand, RoCE and iWARP adapters,
+/// soft-RoCE included).
+const RDMA_SYSFS: &str = "/sys/class/infiniband";
+
+/// Whether this host has an RDMA device: an entry under `/sys/class/infiniband`.
+/// `auto` uses UCX only then (see [`select`]).
+pub fn rdma_device_present() -> bool {
+    std::fs::read_dir(RDMA_SYSFS).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// `auto`: UCX where this host has RDMA hardware and UCX works for a
+/// connection, else TCP.
 struct Auto {
     #[cfg(rlinf_ucx)]
-    ucx: ucx::UcxTransport,
+    ucx: Option<ucx::UcxTransport>,
 }
 
 impl Auto {
     fn new() -> Self {
         Self {
             #[cfg(rlinf_ucx)]
-            ucx: ucx::UcxTransport::new(),
+            ucx: rdma_device_present().then(ucx::UcxTransport::new),
         }
     }
 }
 
 impl Transport for Auto {
     fn name(&self) -> &'static str {
-        if UCX_COMPILED {
-            "auto (ucx or tcp)"
-        } else {
-            "tcp"
+        #[cfg(rlinf_ucx)]
+        if self.ucx.is_some() {
+            return "auto (ucx or tcp)";
         }
+        "tcp"
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
         #[cfg(rlinf_ucx)]
-        if self.ucx.worker().is_ok() {
-            match self.ucx.connect(address, timeout) {
+        if let Some(ucx) = self.ucx.as_ref().filter(|u| u.worker().is_ok()) {
+            match ucx.connect(address, timeout) {
                 Ok(ep) => return Ok(ep),
                 // The agent itself is unreachable: TCP would fail the same way.
                 Err(e)

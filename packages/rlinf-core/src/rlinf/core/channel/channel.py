@@ -84,7 +84,9 @@ TRANSPORT_ENV = "RLINF_CHANNEL_TRANSPORT"
 """How payloads reach another node's agent: ``auto`` (default), ``tcp`` or ``ucx``.
 
 ``auto`` uses UCX when the extension was built with it (``UCX_COMPILED``),
-UCX starts here and the agent serves it, else TCP. ``UCX_TLS`` and the other
+UCX starts here, the agent serves it and this host has an RDMA device (an
+entry under ``/sys/class/infiniband``), else TCP: without RDMA our TCP
+backend is faster than UCX over TCP (docs/channel.md). ``UCX_TLS`` and the other
 ``UCX_*`` variables pass through to UCX. Read at each ``connect``; an invalid
 value raises ``ValueError`` naming the variable, the value and the choices.
 """
