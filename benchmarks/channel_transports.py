@@ -8,7 +8,7 @@ with ``RLINF_CHANNEL_TRANSPORT`` (and ``UCX_TLS``) set per row:
 
 - ``tcp``: the built-in TCP transport (the agent ``recv``s into the block);
 - ``ucx-tcp``, ``ucx-sm``: UCX one-sided put/get restricted by ``UCX_TLS``
-  (rows appear only when the extension was built with the ``ucx`` feature).
+  (rows appear only where UCX is usable: ``ucx_unavailable_reason()``).
 
 Measured here, in the parent: **one-way** = the child puts ``--items``
 numpy arrays of ``--mib`` MiB, the parent takes them; GB/s over the items
@@ -32,9 +32,9 @@ import numpy as np
 from rlinf.core.channel import (
     AGENT_ENV,
     TRANSPORT_ENV,
-    UCX_COMPILED,
     Channel,
     ChannelAgent,
+    ucx_unavailable_reason,
 )
 
 CTX = mp.get_context("spawn")
@@ -109,7 +109,7 @@ def main() -> None:
     p.add_argument("--items", type=int, default=6)
     p.add_argument("--n", type=int, default=400)
     a = p.parse_args()
-    rows = ["tcp"] + (["ucx-tcp", "ucx-sm"] if UCX_COMPILED else [])
+    rows = ["tcp"] + (["ucx-tcp", "ucx-sm"] if ucx_unavailable_reason() is None else [])
     print(f"{'transport':<10} {f'{a.mib} MiB one-way GB/s':>22} {'64 B round trip us':>20}")
     for t in rows:
         gbps, rtt = measure(t, a.mib, a.items, a.n)

@@ -15,6 +15,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -24,7 +25,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlinf.core.channel import AGENT_ENV, TRANSPORT_ENV, UCX_COMPILED, Channel, ChannelAgent
+from rlinf.core.channel import (
+    AGENT_ENV,
+    TRANSPORT_ENV,
+    UCX_COMPILED,
+    Channel,
+    ChannelAgent,
+    ucx_unavailable_reason,
+)
 
 CTX = mp.get_context("spawn")
 REPO = Path(__file__).resolve().parents[1]
@@ -42,9 +50,10 @@ def agent() -> Iterator[ChannelAgent]:
         a.stop()
 
 
+_UCX_MISSING = ucx_unavailable_reason()
 _NO_UCX = pytest.mark.skipif(
-    not UCX_COMPILED,
-    reason="the native extension was built without the `ucx` cargo feature (docs/channel.md)",
+    _UCX_MISSING is not None,
+    reason=f"UCX is not usable here (docs/channel.md): {_UCX_MISSING}",
 )
 
 
@@ -225,12 +234,59 @@ def test_transport_variable_is_validated(
     monkeypatch.setenv(TRANSPORT_ENV, "tcp")
     assert Channel.connect(name, address=agent.address).transport == "tcp"
     monkeypatch.setenv(TRANSPORT_ENV, "auto")
-    expected = "ucx" if UCX_COMPILED else "tcp"
+    # auto takes UCX only on hosts with an RDMA device (docs/channel.md).
+    rdma = Path("/sys/class/infiniband").is_dir() and any(Path("/sys/class/infiniband").iterdir())
+    expected = "ucx" if _UCX_MISSING is None and rdma else "tcp"
     assert Channel.connect(name, address=agent.address).transport == expected
     monkeypatch.setenv(TRANSPORT_ENV, "ucx")
-    if UCX_COMPILED:
+    if _UCX_MISSING is None:
         assert Channel.connect(name, address=agent.address).transport == "ucx"
     else:
-        with pytest.raises(OSError, match="no UCX support"):
+        match = "libucp" if UCX_COMPILED else "no UCX support"
+        with pytest.raises(OSError, match=match):
             Channel.connect(name, address=agent.address)
     assert home.transport == "shm"
+
+
+_MISSING_LIBUCP_CHILD = """
+import os, sys
+from rlinf.core.channel import TRANSPORT_ENV, Channel, ChannelAgent, ucx_unavailable_reason
+reason = ucx_unavailable_reason()
+assert reason is not None and "libucp" in reason and "apt-get install libucx0" in reason, reason
+agent = ChannelAgent("127.0.0.1:0")
+home = Channel.create(sys.argv[1])
+os.environ[TRANSPORT_ENV] = "auto"
+remote = Channel.connect(sys.argv[1], address=agent.address)
+assert remote.transport == "tcp", remote.transport
+remote.put(b"x" * 1000)
+assert home.get() == b"x" * 1000
+os.environ[TRANSPORT_ENV] = "ucx"
+try:
+    Channel.connect(sys.argv[1], address=agent.address)
+except OSError as e:
+    print("UCX-ERROR:", e)
+else:
+    raise AssertionError("ucx connected without libucp")
+agent.stop()
+"""
+
+
+@pytest.mark.skipif(not UCX_COMPILED, reason="the extension was built without UCX")
+def test_without_libucp_the_extension_runs_over_tcp_and_ucx_names_the_fix() -> None:
+    # UCX's runtime library really is missing for the child: the loader is
+    # pointed at a path that does not exist.
+    env = dict(os.environ, RLINF_UCX_LIBRARY="/nonexistent/rlinf/libucp.so.0")
+    env.pop(TRANSPORT_ENV, None)
+    name = f"two_nodes_nolib_{uuid.uuid4().hex[:8]}"
+    out = subprocess.run(
+        [sys.executable, "-c", _MISSING_LIBUCP_CHILD, name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("UCX-ERROR:"))
+    for part in (TRANSPORT_ENV, "/nonexistent/rlinf/libucp.so.0", "apt-get install libucx0"):
+        assert part in line, line

@@ -243,13 +243,24 @@ class OursTcpTransport(OursTransport):
     name = "ours_tcp"
 
     def _open(self) -> Any:
-        from rlinf.core.channel import Channel, ChannelAgent
+        from rlinf.core.channel import TRANSPORT_ENV, Channel, ChannelAgent
 
         spec = super()._open()
         self.agent = ChannelAgent("127.0.0.1:0")
-        self.remote = Channel.connect(
-            self.ch.name, namespace=self.namespace, address=self.agent.address
-        )
+        # Our TCP transport, whatever the environment says: with UCX in the
+        # extension, `auto` would pick UCX.
+        old = os.environ.get(TRANSPORT_ENV)
+        os.environ[TRANSPORT_ENV] = "tcp"
+        try:
+            self.remote = Channel.connect(
+                self.ch.name, namespace=self.namespace, address=self.agent.address
+            )
+        finally:
+            if old is None:
+                os.environ.pop(TRANSPORT_ENV, None)
+            else:
+                os.environ[TRANSPORT_ENV] = old
+        assert self.remote.transport == "tcp", self.remote.transport
         self.ep = _SplitEndpoint(self.ch, self.remote, rx="ack", tx="data")
         return spec
 

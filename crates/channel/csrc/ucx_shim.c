@@ -5,15 +5,139 @@
  * bindgen/libclang to mirror): every function here takes plain pointers and
  * integers and returns a `ucs_status_t` (0 = OK, 1 = in progress, < 0 = error).
  *
+ * UCX is loaded at RUN time: the shim is compiled against UCX's headers but
+ * does not link libucp. rl_ucx_load() dlopen()s libucp.so.0 (or the path in
+ * RLINF_UCX_LIBRARY) and resolves every UCP/UCS function this file calls into
+ * the table `ucx` below; that table is the only way this file reaches UCX
+ * (every call is `ucx.NAME(...)`), so a process without libucx imports and
+ * runs the extension, and only the UCX transport reports the missing library.
+ * Every other rl_ucx_* function may be called only after rl_ucx_load()
+ * returned 0 (the Rust side guarantees it: all of them hang off a Worker,
+ * which is created after a successful load).
+ *
  * One `rl_ctx` is a UCP context plus one worker, both thread-safe
  * (UCS_THREAD_MODE_MULTI, shared-worker context), with RMA and wakeup.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
+
+/* ---- The run-time binding: one table, filled once by rl_ucx_load. ---- */
+
+/* Each entry has the exact type of the header's declaration (typeof), so a
+ * mismatch between this table and UCX's API is a compile error. */
+#define RL_UCX_FUNCS(X)                                                        \
+    X(ucs_status_string)                                                       \
+    X(ucs_log_push_handler)                                                    \
+    X(ucp_config_read)                                                         \
+    X(ucp_config_modify)                                                       \
+    X(ucp_config_release)                                                      \
+    X(ucp_init_version)                                                        \
+    X(ucp_cleanup)                                                             \
+    X(ucp_worker_create)                                                       \
+    X(ucp_worker_destroy)                                                      \
+    X(ucp_worker_get_efd)                                                      \
+    X(ucp_worker_get_address)                                                  \
+    X(ucp_worker_release_address)                                              \
+    X(ucp_worker_progress)                                                     \
+    X(ucp_worker_arm)                                                          \
+    X(ucp_worker_signal)                                                       \
+    X(ucp_mem_map)                                                             \
+    X(ucp_mem_unmap)                                                           \
+    X(ucp_rkey_pack)                                                           \
+    X(ucp_rkey_buffer_release)                                                 \
+    X(ucp_ep_create)                                                           \
+    X(ucp_ep_close_nbx)                                                        \
+    X(ucp_ep_rkey_unpack)                                                      \
+    X(ucp_rkey_destroy)                                                        \
+    X(ucp_put_nbx)                                                             \
+    X(ucp_get_nbx)                                                             \
+    X(ucp_ep_flush_nbx)                                                        \
+    X(ucp_request_check_status)                                                \
+    X(ucp_request_free)
+
+static struct {
+#define RL_FIELD(name) __typeof__(&name) name;
+    RL_UCX_FUNCS(RL_FIELD)
+#undef RL_FIELD
+} ucx;
+
+#define RL_DEFAULT_LIBRARY "libucp.so.0"
+
+static pthread_once_t rl_load_once = PTHREAD_ONCE_INIT;
+static char rl_load_error[1024]; /* empty after a successful load */
+
+/* Set on a thread while it tries an endpoint with peer-failure handling
+ * (rl_ucx_ep_create): UCX's wireup then logs an ERROR ("no active messages
+ * transport to ...: sysv/memory - no peer failure handler, ...") when no
+ * transport supports it (shared memory), although the shim handles that by
+ * retrying without. rl_log_filter drops exactly those lines. */
+static __thread int rl_quiet_wireup;
+
+static ucs_log_func_rc_t rl_log_filter(const char *file, unsigned line, const char *function,
+                                       ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp_conf,
+                                       const char *message, va_list ap) {
+    (void)line; (void)function; (void)level; (void)comp_conf; (void)message; (void)ap;
+    if (rl_quiet_wireup && file != NULL && strstr(file, "select.c") != NULL) {
+        return UCS_LOG_FUNC_RC_STOP;
+    }
+    return UCS_LOG_FUNC_RC_CONTINUE;
+}
+
+static void rl_ucx_load_once(void) {
+    const char *path = getenv("RLINF_UCX_LIBRARY");
+    if (path == NULL || path[0] == '\0') path = RL_DEFAULT_LIBRARY;
+    /* RTLD_LOCAL: UCX's symbols stay out of the global namespace. Never
+     * dlclose'd: UCX keeps threads and hooks for the life of the process. */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(rl_load_error, sizeof(rl_load_error), "cannot load %s: %s", path,
+                 why != NULL ? why : "unknown error");
+        return;
+    }
+    /* dlsym on libucp's handle also searches its dependencies (libucs). */
+#define RL_RESOLVE(name)                                                               \
+    do {                                                                               \
+        void *sym = dlsym(lib, #name);                                                 \
+        if (sym == NULL) {                                                             \
+            snprintf(rl_load_error, sizeof(rl_load_error),                             \
+                     "%s has no symbol %s (UCX too old? this build needs UCX >= 1.10)", \
+                     path, #name);                                                     \
+            memset(&ucx, 0, sizeof(ucx));                                              \
+            return;                                                                    \
+        }                                                                              \
+        memcpy(&ucx.name, &sym, sizeof(sym));                                          \
+    } while (0);
+    RL_UCX_FUNCS(RL_RESOLVE)
+#undef RL_RESOLVE
+    /* Once, before any UCX context exists; handlers run last-pushed first. */
+    ucx.ucs_log_push_handler(rl_log_filter);
+    rl_load_error[0] = '\0';
+}
+
+/* Loads UCX once per process (later calls repeat the first outcome): 0 on
+ * success, else -1 with a NUL-terminated reason in *why (static storage). */
+int rl_ucx_load(const char **why) {
+    (void)pthread_once(&rl_load_once, rl_ucx_load_once);
+    if (ucx.ucp_request_free == NULL) {
+        *why = rl_load_error;
+        return -1;
+    }
+    *why = NULL;
+    return 0;
+}
+
+/* ---- UCP through the table. ---- */
 
 typedef struct rl_ctx {
     ucp_context_h context;
@@ -26,38 +150,42 @@ typedef struct rl_ep {
     volatile int failed; /* set by the error handler: a ucs_status_t, 0 while healthy */
 } rl_ep;
 
-const char *rl_ucx_status_string(int status) { return ucs_status_string((ucs_status_t)status); }
+/* NULL before a successful load. */
+const char *rl_ucx_status_string(int status) {
+    if (ucx.ucs_status_string == NULL) return NULL;
+    return ucx.ucs_status_string((ucs_status_t)status);
+}
 
 /* `tls`: NULL to take UCX_TLS (and the other UCX_* variables) from the
  * environment, else a UCX_TLS value that overrides it for this context. */
 int rl_ucx_init(const char *tls, rl_ctx **out) {
     ucp_config_t *config = NULL;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+    ucs_status_t st = ucx.ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) return st;
     if (tls != NULL) {
-        st = ucp_config_modify(config, "TLS", tls);
-        if (st != UCS_OK) { ucp_config_release(config); return st; }
+        st = ucx.ucp_config_modify(config, "TLS", tls);
+        if (st != UCS_OK) { ucx.ucp_config_release(config); return st; }
     }
     rl_ctx *c = calloc(1, sizeof(*c));
-    if (c == NULL) { ucp_config_release(config); return UCS_ERR_NO_MEMORY; }
+    if (c == NULL) { ucx.ucp_config_release(config); return UCS_ERR_NO_MEMORY; }
     ucp_params_t params;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
-    st = ucp_init(&params, config, &c->context);
-    ucp_config_release(config);
+    st = ucx.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &c->context);
+    ucx.ucp_config_release(config);
     if (st != UCS_OK) { free(c); return st; }
     ucp_worker_params_t wp;
     memset(&wp, 0, sizeof(wp));
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_MULTI;
-    st = ucp_worker_create(c->context, &wp, &c->worker);
-    if (st != UCS_OK) { ucp_cleanup(c->context); free(c); return st; }
-    st = ucp_worker_get_efd(c->worker, &c->efd);
+    st = ucx.ucp_worker_create(c->context, &wp, &c->worker);
+    if (st != UCS_OK) { ucx.ucp_cleanup(c->context); free(c); return st; }
+    st = ucx.ucp_worker_get_efd(c->worker, &c->efd);
     if (st != UCS_OK) {
-        ucp_worker_destroy(c->worker);
-        ucp_cleanup(c->context);
+        ucx.ucp_worker_destroy(c->worker);
+        ucx.ucp_cleanup(c->context);
         free(c);
         return st;
     }
@@ -66,8 +194,8 @@ int rl_ucx_init(const char *tls, rl_ctx **out) {
 }
 
 void rl_ucx_destroy(rl_ctx *c) {
-    ucp_worker_destroy(c->worker);
-    ucp_cleanup(c->context);
+    ucx.ucp_worker_destroy(c->worker);
+    ucx.ucp_cleanup(c->context);
     free(c);
 }
 
@@ -75,12 +203,12 @@ void rl_ucx_destroy(rl_ctx *c) {
 int rl_ucx_address(rl_ctx *c, void **buf, size_t *len) {
     ucp_address_t *addr = NULL;
     size_t n = 0;
-    ucs_status_t st = ucp_worker_get_address(c->worker, &addr, &n);
+    ucs_status_t st = ucx.ucp_worker_get_address(c->worker, &addr, &n);
     if (st != UCS_OK) return st;
     void *copy = malloc(n);
-    if (copy == NULL) { ucp_worker_release_address(c->worker, addr); return UCS_ERR_NO_MEMORY; }
+    if (copy == NULL) { ucx.ucp_worker_release_address(c->worker, addr); return UCS_ERR_NO_MEMORY; }
     memcpy(copy, addr, n);
-    ucp_worker_release_address(c->worker, addr);
+    ucx.ucp_worker_release_address(c->worker, addr);
     *buf = copy;
     *len = n;
     return UCS_OK;
@@ -89,12 +217,12 @@ int rl_ucx_address(rl_ctx *c, void **buf, size_t *len) {
 void rl_ucx_free(void *p) { free(p); }
 
 /* Progresses the worker once; returns nonzero if something happened. */
-unsigned rl_ucx_progress(rl_ctx *c) { return ucp_worker_progress(c->worker); }
+unsigned rl_ucx_progress(rl_ctx *c) { return ucx.ucp_worker_progress(c->worker); }
 
 /* Sleeps until the worker has events or `timeout_ms` passes: 1 if events may
  * be pending (progress now), 0 on timeout, < 0 on error. */
 int rl_ucx_wait(rl_ctx *c, int timeout_ms) {
-    ucs_status_t st = ucp_worker_arm(c->worker);
+    ucs_status_t st = ucx.ucp_worker_arm(c->worker);
     if (st == UCS_ERR_BUSY) return 1;
     if (st != UCS_OK) return st;
     struct pollfd p = {.fd = c->efd, .events = POLLIN, .revents = 0};
@@ -103,7 +231,7 @@ int rl_ucx_wait(rl_ctx *c, int timeout_ms) {
 }
 
 /* Wakes a thread blocked in rl_ucx_wait. */
-void rl_ucx_signal(rl_ctx *c) { (void)ucp_worker_signal(c->worker); }
+void rl_ucx_signal(rl_ctx *c) { (void)ucx.ucp_worker_signal(c->worker); }
 
 int rl_ucx_mem_map(rl_ctx *c, void *addr, size_t len, void **memh) {
     ucp_mem_map_params_t mp;
@@ -112,23 +240,23 @@ int rl_ucx_mem_map(rl_ctx *c, void *addr, size_t len, void **memh) {
     mp.address = addr;
     mp.length = len;
     ucp_mem_h h = NULL;
-    ucs_status_t st = ucp_mem_map(c->context, &mp, &h);
+    ucs_status_t st = ucx.ucp_mem_map(c->context, &mp, &h);
     if (st == UCS_OK) *memh = h;
     return st;
 }
 
-int rl_ucx_mem_unmap(rl_ctx *c, void *memh) { return ucp_mem_unmap(c->context, (ucp_mem_h)memh); }
+int rl_ucx_mem_unmap(rl_ctx *c, void *memh) { return ucx.ucp_mem_unmap(c->context, (ucp_mem_h)memh); }
 
 /* Packs the remote key of `memh` into a malloc'ed copy (free with rl_ucx_free). */
 int rl_ucx_rkey_pack(rl_ctx *c, void *memh, void **buf, size_t *len) {
     void *packed = NULL;
     size_t n = 0;
-    ucs_status_t st = ucp_rkey_pack(c->context, (ucp_mem_h)memh, &packed, &n);
+    ucs_status_t st = ucx.ucp_rkey_pack(c->context, (ucp_mem_h)memh, &packed, &n);
     if (st != UCS_OK) return st;
     void *copy = malloc(n);
-    if (copy == NULL) { ucp_rkey_buffer_release(packed); return UCS_ERR_NO_MEMORY; }
+    if (copy == NULL) { ucx.ucp_rkey_buffer_release(packed); return UCS_ERR_NO_MEMORY; }
     memcpy(copy, packed, n);
-    ucp_rkey_buffer_release(packed);
+    ucx.ucp_rkey_buffer_release(packed);
     *buf = copy;
     *len = n;
     return UCS_OK;
@@ -156,7 +284,9 @@ int rl_ucx_ep_create(rl_ctx *c, const void *addr, int peer_errors, rl_ep **out) 
         ep.err_handler.cb = rl_ep_error;
         ep.err_handler.arg = e;
     }
-    ucs_status_t st = ucp_ep_create(c->worker, &ep, &e->ep);
+    rl_quiet_wireup = peer_errors;
+    ucs_status_t st = ucx.ucp_ep_create(c->worker, &ep, &e->ep);
+    rl_quiet_wireup = 0;
     if (st != UCS_OK) { free(e); return st; }
     *out = e;
     return UCS_OK;
@@ -175,25 +305,25 @@ void rl_ucx_ep_close(rl_ctx *c, rl_ep *e, int force, unsigned max_rounds) {
     memset(&p, 0, sizeof(p));
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void *req = ucp_ep_close_nbx(e->ep, &p);
+    void *req = ucx.ucp_ep_close_nbx(e->ep, &p);
     if (UCS_PTR_IS_PTR(req)) {
         unsigned i;
-        for (i = 0; i < max_rounds && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
-            ucp_worker_progress(c->worker);
+        for (i = 0; i < max_rounds && ucx.ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
+            ucx.ucp_worker_progress(c->worker);
         }
-        ucp_request_free(req);
+        ucx.ucp_request_free(req);
     }
     free(e);
 }
 
 int rl_ucx_rkey_unpack(rl_ep *e, const void *buf, void **rkey) {
     ucp_rkey_h k = NULL;
-    ucs_status_t st = ucp_ep_rkey_unpack(e->ep, buf, &k);
+    ucs_status_t st = ucx.ucp_ep_rkey_unpack(e->ep, buf, &k);
     if (st == UCS_OK) *rkey = k;
     return st;
 }
 
-void rl_ucx_rkey_destroy(void *rkey) { ucp_rkey_destroy((ucp_rkey_h)rkey); }
+void rl_ucx_rkey_destroy(void *rkey) { ucx.ucp_rkey_destroy((ucp_rkey_h)rkey); }
 
 /* Turns a UCP nbx return value into a status and an optional request. */
 static int rl_request(ucs_status_ptr_t r, void **req) {
@@ -207,22 +337,22 @@ static int rl_request(ucs_status_ptr_t r, void **req) {
 int rl_ucx_put(rl_ep *e, const void *buf, size_t len, uint64_t raddr, void *rkey, void **req) {
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
-    return rl_request(ucp_put_nbx(e->ep, buf, len, raddr, (ucp_rkey_h)rkey, &p), req);
+    return rl_request(ucx.ucp_put_nbx(e->ep, buf, len, raddr, (ucp_rkey_h)rkey, &p), req);
 }
 
 int rl_ucx_get(rl_ep *e, void *buf, size_t len, uint64_t raddr, void *rkey, void **req) {
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
-    return rl_request(ucp_get_nbx(e->ep, buf, len, raddr, (ucp_rkey_h)rkey, &p), req);
+    return rl_request(ucx.ucp_get_nbx(e->ep, buf, len, raddr, (ucp_rkey_h)rkey, &p), req);
 }
 
 /* Remote completion of every put posted on `e` so far. */
 int rl_ucx_flush(rl_ep *e, void **req) {
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
-    return rl_request(ucp_ep_flush_nbx(e->ep, &p), req);
+    return rl_request(ucx.ucp_ep_flush_nbx(e->ep, &p), req);
 }
 
-int rl_ucx_request_status(void *req) { return ucp_request_check_status(req); }
+int rl_ucx_request_status(void *req) { return ucx.ucp_request_check_status(req); }
 
-void rl_ucx_request_free(void *req) { ucp_request_free(req); }
+void rl_ucx_request_free(void *req) { ucx.ucp_request_free(req); }

@@ -93,7 +93,7 @@ impl Drop for Agent {
 #[derive(Default)]
 struct Session {
     // First field: dropped (unregistered) before the channels it maps.
-    #[cfg(feature = "ucx")]
+    #[cfg(rlinf_ucx)]
     ucx: Option<UcxSession>,
     channels: Vec<Channel>,
     pending: HashMap<u64, PendingPut>,
@@ -117,7 +117,7 @@ impl Session {
 
 /// A connection's UCX state: the home worker and one registered region per
 /// opened channel (indexed like `Session::channels`).
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 struct UcxSession {
     home: Arc<crate::transport::ucx::Home>,
     regions: Vec<crate::ucx_sys::MemRegion>,
@@ -127,9 +127,9 @@ impl Session {
     /// Whether payloads of this connection move by UCX (replies carry keys
     /// and block addresses).
     fn ucx(&self) -> bool {
-        #[cfg(feature = "ucx")]
+        #[cfg(rlinf_ucx)]
         return self.ucx.is_some();
-        #[cfg(not(feature = "ucx"))]
+        #[cfg(not(rlinf_ucx))]
         false
     }
 
@@ -137,7 +137,7 @@ impl Session {
     /// apply whatever the peer had already sent, so no late write lands in a
     /// block after it is withdrawn (which happens when the session drops).
     fn end_ucx(&mut self) {
-        #[cfg(feature = "ucx")]
+        #[cfg(rlinf_ucx)]
         if let Some(u) = self.ucx.take() {
             drop(u.regions);
             u.home.quiesce();
@@ -145,7 +145,7 @@ impl Session {
     }
 }
 
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 fn ucx_hello(s: &mut Session) -> Result<Vec<u8>, ChannelError> {
     if !s.channels.is_empty() || s.ucx.is_some() {
         return Err(ChannelError::Invalid(
@@ -162,7 +162,7 @@ fn ucx_hello(s: &mut Session) -> Result<Vec<u8>, ChannelError> {
     Ok(reply)
 }
 
-#[cfg(not(feature = "ucx"))]
+#[cfg(not(rlinf_ucx))]
 fn ucx_hello(_: &mut Session) -> Result<Vec<u8>, ChannelError> {
     Err(ChannelError::Invalid(
         "this channel agent was built without UCX support (the `ucx` cargo feature)".into(),
@@ -170,7 +170,7 @@ fn ucx_hello(_: &mut Session) -> Result<Vec<u8>, ChannelError> {
 }
 
 /// Registers a newly opened channel's mapping; returns its packed key.
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 fn ucx_register(s: &mut Session, ch: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
     let Some(u) = s.ucx.as_mut() else {
         return Ok(None);
@@ -185,7 +185,7 @@ fn ucx_register(s: &mut Session, ch: &Channel) -> Result<Option<Vec<u8>>, Channe
     Ok(Some(key))
 }
 
-#[cfg(not(feature = "ucx"))]
+#[cfg(not(rlinf_ucx))]
 fn ucx_register(_: &mut Session, _: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
     Ok(None)
 }

@@ -25,7 +25,7 @@ pub mod remote;
 pub mod spin;
 mod sys;
 pub mod transport;
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 mod ucx_sys;
 pub mod wire;
 
@@ -39,7 +39,7 @@ pub use channel::{
 };
 pub use remote::RemoteChannel;
 pub use transport::tcp::TcpTransport;
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 pub use transport::ucx::UcxTransport;
 
 /// Version of this crate, as Cargo knows it.

@@ -721,6 +721,14 @@ fn wait_stats() -> std::collections::HashMap<&'static str, u64> {
     crate::spin::stats().into_iter().collect()
 }
 
+/// Why the UCX transport cannot be used in this process (the build lacks it,
+/// or UCX's runtime library `libucp.so.0` does not load), or `None` when it
+/// can. Loads the library on first call.
+#[pyfunction]
+fn ucx_unavailable_reason(py: Python<'_>) -> Option<String> {
+    py.detach(crate::transport::ucx_unavailable)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -731,6 +739,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_all_names, m)?)?;
     m.add_function(wrap_pyfunction!(release_owned_names, m)?)?;
     m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(ucx_unavailable_reason, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add("UCX_COMPILED", crate::transport::UCX_COMPILED)?;
     m.add_class::<ChannelCore>()?;

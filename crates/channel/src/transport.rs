@@ -15,7 +15,8 @@
 //!
 //! [`select`] picks the transport from `RLINF_CHANNEL_TRANSPORT`
 //! (`auto`, `tcp`, `ucx`); `ucx` exists when the crate is built with the
-//! `ucx` feature (see [`ucx`]).
+//! `ucx` feature on a machine with UCX's headers (see [`ucx`]), and works
+//! where UCX's runtime library loads ([`ucx_unavailable`]).
 //!
 //! [`tcp::TcpTransport`] implements the contract over TCP: the home node's
 //! agent emulates the one-sided operations by `recv`-ing directly into the
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod tcp;
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 pub mod ucx;
 
 /// Remote memory: a registered region (for the channel agent, one block held
@@ -99,17 +100,39 @@ pub const TRANSPORT_ENV: &str = "RLINF_CHANNEL_TRANSPORT";
 /// The values [`TRANSPORT_ENV`] accepts.
 pub const TRANSPORT_CHOICES: &str = "auto, tcp, ucx";
 
-/// Whether this build includes the UCX transport (the `ucx` cargo feature).
-pub const UCX_COMPILED: bool = cfg!(feature = "ucx");
+/// Whether this build includes the UCX transport (the `ucx` cargo feature,
+/// built where UCX's headers were found). UCX itself is loaded at run time:
+/// see [`ucx_unavailable`].
+pub const UCX_COMPILED: bool = cfg!(rlinf_ucx);
+
+/// Why the UCX transport cannot be used in this process, or `None` when it
+/// can: the build lacks it, or UCX's runtime library (`libucp.so.0`, or
+/// `$RLINF_UCX_LIBRARY`) does not load. Loads the library on first call.
+pub fn ucx_unavailable() -> Option<String> {
+    #[cfg(rlinf_ucx)]
+    return crate::ucx_sys::load().err().map(|e| e.to_string());
+    #[cfg(not(rlinf_ucx))]
+    Some(NO_UCX_BUILD.to_owned())
+}
+
+#[cfg(not(rlinf_ucx))]
+const NO_UCX_BUILD: &str = "this build of rlinf-channel has no UCX support: it was built \
+     without the `ucx` cargo feature, or where UCX's headers were missing (install \
+     libucx-dev and rebuild; see docs/channel.md)";
 
 /// The transport named by `value` (a [`TRANSPORT_ENV`] value; `None` or empty
 /// means `auto`).
 ///
 /// - `tcp`: [`tcp::TcpTransport`].
-/// - `ucx`: the UCX transport; an error if this build lacks it or UCX cannot
-///   initialise here (`UCX_TLS` and other `UCX_*` variables pass through).
-/// - `auto`: UCX when compiled in, usable here and served by the agent,
-///   else TCP (per connection).
+/// - `ucx`: the UCX transport; an error if this build lacks it, UCX's
+///   library is missing here, or UCX cannot initialise (`UCX_TLS` and other
+///   `UCX_*` variables pass through).
+/// - `auto`: UCX when compiled in, usable here, served by the agent *and*
+///   this host has an RDMA device ([`rdma_device_present`]); else TCP (per
+///   connection), silently. Without RDMA hardware UCX would run over TCP or
+///   shared memory, where our own TCP backend is faster (docs/channel.md) and
+///   UCX 1.13 can abort a home whose peer dies mid-transfer: choose `ucx`
+///   explicitly to use it there.
 ///
 /// # Errors
 /// An invalid value (the error names the variable, the value and the
@@ -136,57 +159,71 @@ pub fn from_env() -> io::Result<Arc<dyn Transport>> {
     select(std::env::var(TRANSPORT_ENV).ok().as_deref())
 }
 
-#[cfg(feature = "ucx")]
+#[cfg(rlinf_ucx)]
 fn ucx_selected() -> io::Result<Arc<dyn Transport>> {
     let t = ucx::UcxTransport::new();
     t.worker().map_err(|e| {
+        // A missing library's error already names the fix and `ucx_info -d`.
+        let hint = if e.kind() == io::ErrorKind::NotFound {
+            ""
+        } else {
+            " (check `ucx_info -d`)"
+        };
         io::Error::new(
             e.kind(),
-            format!("{TRANSPORT_ENV}=ucx, but UCX cannot start here: {e} (check `ucx_info -d`)"),
+            format!("{TRANSPORT_ENV}=ucx, but UCX cannot start here: {e}{hint}"),
         )
     })?;
     Ok(Arc::new(t))
 }
 
-#[cfg(not(feature = "ucx"))]
+#[cfg(not(rlinf_ucx))]
 fn ucx_selected() -> io::Result<Arc<dyn Transport>> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
-        format!(
-            "{TRANSPORT_ENV}=ucx, but this build of rlinf-channel has no UCX support \
-             (rebuild with the `ucx` cargo feature; see docs/channel.md)"
-        ),
+        format!("{TRANSPORT_ENV}=ucx, but {NO_UCX_BUILD}"),
     ))
 }
 
-/// `auto`: UCX where it works for a connection, else TCP.
+/// Where the kernel lists RDMA devices (InfiniBand, RoCE and iWARP adapters,
+/// soft-RoCE included).
+const RDMA_SYSFS: &str = "/sys/class/infiniband";
+
+/// Whether this host has an RDMA device: an entry under `/sys/class/infiniband`.
+/// `auto` uses UCX only then (see [`select`]).
+pub fn rdma_device_present() -> bool {
+    std::fs::read_dir(RDMA_SYSFS).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// `auto`: UCX where this host has RDMA hardware and UCX works for a
+/// connection, else TCP.
 struct Auto {
-    #[cfg(feature = "ucx")]
-    ucx: ucx::UcxTransport,
+    #[cfg(rlinf_ucx)]
+    ucx: Option<ucx::UcxTransport>,
 }
 
 impl Auto {
     fn new() -> Self {
         Self {
-            #[cfg(feature = "ucx")]
-            ucx: ucx::UcxTransport::new(),
+            #[cfg(rlinf_ucx)]
+            ucx: rdma_device_present().then(ucx::UcxTransport::new),
         }
     }
 }
 
 impl Transport for Auto {
     fn name(&self) -> &'static str {
-        if UCX_COMPILED {
-            "auto (ucx or tcp)"
-        } else {
-            "tcp"
+        #[cfg(rlinf_ucx)]
+        if self.ucx.is_some() {
+            return "auto (ucx or tcp)";
         }
+        "tcp"
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
-        #[cfg(feature = "ucx")]
-        if self.ucx.worker().is_ok() {
-            match self.ucx.connect(address, timeout) {
+        #[cfg(rlinf_ucx)]
+        if let Some(ucx) = self.ucx.as_ref().filter(|u| u.worker().is_ok()) {
+            match ucx.connect(address, timeout) {
                 Ok(ep) => return Ok(ep),
                 // The agent itself is unreachable: TCP would fail the same way.
                 Err(e)
@@ -221,11 +258,18 @@ mod tests {
         assert_eq!(select(Some("tcp")).unwrap().name(), "tcp");
         assert!(select(None).is_ok() && select(Some(" auto ")).is_ok());
         match select(Some("ucx")) {
-            Ok(t) => assert!(UCX_COMPILED && t.name() == "ucx"),
-            Err(e) => assert!(
-                !UCX_COMPILED && e.to_string().contains("no UCX support"),
-                "{e}"
-            ),
+            Ok(t) => assert!(UCX_COMPILED && t.name() == "ucx" && ucx_unavailable().is_none()),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains(TRANSPORT_ENV), "{msg}");
+                if UCX_COMPILED {
+                    // Built with UCX, but it cannot start here.
+                    assert!(msg.contains("UCX cannot start here"), "{msg}");
+                } else {
+                    assert!(msg.contains("no UCX support"), "{msg}");
+                    assert!(ucx_unavailable().is_some_and(|w| w.contains("libucx-dev")));
+                }
+            }
         }
     }
 }

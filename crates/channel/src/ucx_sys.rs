@@ -9,7 +9,11 @@
 //! them by hand is fragile and bindgen needs libclang. The shim takes plain
 //! pointers and integers, so the Rust side declares nine-odd functions.
 //!
-//! Cost: every call is a direct C call into libucp; a worker costs a few
+//! Loading: the shim does not link libucp; [`load`] `dlopen`s it (once per
+//! process, on first use of UCX: the first [`Worker::new`]), so the crate
+//! runs without libucx and only UCX reports it missing, with the fix.
+//!
+//! Cost: every call is one indirect C call into libucp; a worker costs a few
 //! milliseconds to create and holds a few file descriptors and threads-safe
 //! locks (UCS_THREAD_MODE_MULTI), so processes share one per role.
 //!
@@ -17,7 +21,7 @@
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[repr(C)]
 struct RlCtx {
@@ -34,6 +38,7 @@ const UCS_OK: c_int = 0;
 const UCS_INPROGRESS: c_int = 1;
 
 unsafe extern "C" {
+    fn rl_ucx_load(why: *mut *const c_char) -> c_int;
     fn rl_ucx_status_string(status: c_int) -> *const c_char;
     fn rl_ucx_init(tls: *const c_char, out: *mut *mut RlCtx) -> c_int;
     fn rl_ucx_destroy(c: *mut RlCtx);
@@ -86,9 +91,47 @@ unsafe extern "C" {
     fn rl_ucx_request_free(req: *mut c_void);
 }
 
+/// Loads UCX's runtime library (`libucp.so.0`, or the path in
+/// `RLINF_UCX_LIBRARY`) and resolves the functions the shim calls. Runs once
+/// per process; later calls repeat the outcome.
+///
+/// # Errors
+/// `NotFound` naming the library, the loader's reason and the fix, when the
+/// library is missing or lacks a function this build needs.
+pub fn load() -> io::Result<()> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let mut why: *const c_char = std::ptr::null();
+            // SAFETY: `why` is a valid out-pointer; the shim serializes the
+            // load (pthread_once) and sets `why` to null or to a static
+            // NUL-terminated string.
+            if unsafe { rl_ucx_load(&mut why) } == 0 {
+                return Ok(());
+            }
+            let reason = if why.is_null() {
+                String::from("unknown error")
+            } else {
+                // SAFETY: non-null, static and NUL-terminated (see above).
+                unsafe { CStr::from_ptr(why) }
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            Err(format!(
+                "UCX's runtime library is not usable here ({reason}). Install UCX \
+                 (`apt-get install libucx0`, or libucx-dev, on Debian/Ubuntu) or set \
+                 RLINF_UCX_LIBRARY to the path of libucp.so; `ucx_info -d` (package \
+                 ucx-utils) lists the transports UCX finds"
+            ))
+        })
+        .clone()
+        .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))
+}
+
 /// UCX's text for a status code.
 pub fn status_string(status: i32) -> String {
-    // SAFETY: `ucs_status_string` returns a pointer to a static NUL-terminated
+    // SAFETY: the shim returns null before UCX is loaded, else what
+    // `ucs_status_string` returns: a pointer to a static NUL-terminated
     // string for every status value (an "unknown" text for unknown ones).
     let p = unsafe { rl_ucx_status_string(status) };
     if p.is_null() {
@@ -134,8 +177,10 @@ impl Worker {
     /// takes UCX's configuration from the environment.
     ///
     /// # Errors
-    /// If UCX cannot initialise (no usable transport, bad `UCX_*` value).
+    /// If UCX's library cannot be loaded ([`load`]) or UCX cannot initialise
+    /// (no usable transport, bad `UCX_*` value).
     pub fn new(tls: Option<&str>) -> io::Result<Arc<Self>> {
+        load()?;
         let tls = tls
             .map(CString::new)
             .transpose()

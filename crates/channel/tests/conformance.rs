@@ -126,7 +126,7 @@ fn setup(kind: &str, opts: ChannelOptions) -> (Channel, Arc<dyn Handle>, Option<
                     .unwrap();
             (home, Arc::new(remote), Some(agent))
         }
-        #[cfg(feature = "ucx")]
+        #[cfg(rlinf_ucx)]
         ucx if ucx.starts_with("ucx-") => {
             let agent = Agent::start("127.0.0.1:0").unwrap();
             let transport = rlinf_channel::UcxTransport::with_tls(&ucx["ucx-".len()..]);
@@ -160,9 +160,9 @@ fn header_of(image: &[u8]) -> Vec<u8> {
 const KINDS: &[&str] = &[
     "shm",
     "tcp",
-    #[cfg(feature = "ucx")]
+    #[cfg(rlinf_ucx)]
     "ucx-tcp",
-    #[cfg(feature = "ucx")]
+    #[cfg(rlinf_ucx)]
     "ucx-sm",
 ];
 

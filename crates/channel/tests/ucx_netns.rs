@@ -6,7 +6,7 @@
 //!
 //! Needs root and `ip` (iproute2): otherwise the test returns early and says
 //! why. The namespaces and the link are removed at the end, also on failure.
-#![cfg(feature = "ucx")]
+#![cfg(rlinf_ucx)]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -51,7 +51,7 @@ use crate::wire::{self, Reader, Writer};
 /// endpoints) is created on first use.
 pub struct UcxTransport {
     tls: Option<String>,
-    worker: OnceLock<Result<Arc<Worker>, String>>,
+    worker: OnceLock<Result<Arc<Worker>, (io::ErrorKind, String)>>,
 }
 
 impl UcxTransport {
@@ -80,10 +80,10 @@ impl UcxTransport {
     pub fn worker(&self) -> io::Result<Arc<Worker>> {
         match self
             .worker
-            .get_or_init(|| Worker::new(self.tls.as_deref()).map_err(|e| e.to_string()))
+            .get_or_init(|| Worker::new(self.tls.as_deref()).map_err(|e| (e.kind(), e.to_string())))
         {
             Ok(w) => Ok(Arc::clone(w)),
-            Err(e) => Err(io::Error::other(e.clone())),
+            Err((kind, e)) => Err(io::Error::new(*kind, e.clone())),
         }
     }
 }

@@ -23,6 +23,7 @@ from rlinf.core.channel.channel import (
     Channel,
     default_namespace,
     release_created_channels,
+    ucx_unavailable_reason,
 )
 from rlinf.core.channel.resolver import ChannelResolver, get_resolver, set_resolver
 
@@ -45,4 +46,5 @@ __all__ = [
     "get_resolver",
     "release_created_channels",
     "set_resolver",
+    "ucx_unavailable_reason",
 ]

@@ -84,13 +84,58 @@ TRANSPORT_ENV = "RLINF_CHANNEL_TRANSPORT"
 """How payloads reach another node's agent: ``auto`` (default), ``tcp`` or ``ucx``.
 
 ``auto`` uses UCX when the extension was built with it (``UCX_COMPILED``),
-UCX starts here and the agent serves it, else TCP. ``UCX_TLS`` and the other
+UCX starts here, the agent serves it and this host has an RDMA device (an
+entry under ``/sys/class/infiniband``), else TCP: without RDMA our TCP
+backend is faster than UCX over TCP (docs/channel.md). ``UCX_TLS`` and the other
 ``UCX_*`` variables pass through to UCX. Read at each ``connect``; an invalid
 value raises ``ValueError`` naming the variable, the value and the choices.
 """
 
 UCX_COMPILED: bool = _native.UCX_COMPILED
-"""Whether this build of the extension includes the UCX transport."""
+"""Whether this build of the extension includes the UCX transport.
+
+UCX itself is loaded when first used (``libucp.so.0``, or the path in
+``$RLINF_UCX_LIBRARY``), so a build with UCX also runs where libucx is not
+installed; :func:`ucx_unavailable_reason` says whether UCX works here.
+"""
+
+
+def ucx_unavailable_reason() -> str | None:
+    """Why the UCX transport cannot be used in this process, or None when it can.
+
+    Loads UCX's runtime library on first call (once per process).
+
+    Returns:
+        None if UCX can be used; else the reason, with the fix: this build has
+        no UCX (rebuild where libucx-dev is installed), or ``libucp.so.0``
+        cannot be loaded (``apt-get install libucx0``; ``ucx_info -d`` lists
+        what UCX finds).
+    """
+    return _native.ucx_unavailable_reason()
+
+
+_ucx_fallback_logged = False
+
+
+def _note_transport(core: Any, address: str) -> None:
+    """Logs once per process (INFO) when ``auto`` fell back to TCP because UCX is unusable here."""
+    global _ucx_fallback_logged
+    if _ucx_fallback_logged or core.transport != "tcp":
+        return
+    if os.environ.get(TRANSPORT_ENV, "").strip() not in ("", "auto"):
+        return
+    _ucx_fallback_logged = True
+    reason = ucx_unavailable_reason()
+    if reason is not None and UCX_COMPILED:
+        from rlinf.core.logging import get_logger
+
+        get_logger(__name__).info(
+            "channel agent %s: %s=auto uses TCP, since UCX is not usable here: %s",
+            address,
+            TRANSPORT_ENV,
+            reason,
+        )
+
 
 ChannelClosed = _native.ChannelClosed
 ChannelNotFound = _native.ChannelNotFound
@@ -370,6 +415,7 @@ class Channel:
                     core = _native.ChannelCore.attach(namespace, name)
                 else:
                     core = _native.ChannelCore.connect_remote(address, namespace, name)
+                    _note_transport(core, address)
                 return cls(core, name, namespace, address)
             except _native.ChannelNotFound:
                 if time.monotonic() >= deadline:
