@@ -31,14 +31,16 @@ Collocated placements (actor and rollout on the same devices) are refused at
 :meth:`AsyncPPORunner.init_workers`: the two take turns on shared devices, so
 nothing would overlap.
 
-Metrics per step: the sync runner's ``train/*``, ``rollout/*``, ``env/*`` (of
-the last generation that finished), ``eval/*`` and ``time/*``, plus
+Metrics per step: the sync runner's ``train/*``, ``rollout/*``, ``eval/*`` and
+``time/*``, plus
 ``rollout/staleness_mean``, ``rollout/staleness_max`` (versions between the
 batch's weights and the actor's), ``rollout/dropped_batches`` (cumulative),
 ``rollout/trained_version``, ``rollout/env_steps_per_s`` (env steps of the
-generations that finished during the step over the step's wall time),
-``time/wait_for_batch`` (the actor idle, waiting for a batch) and
-``time/generate_rollouts`` (the last generation's duration).
+generations that finished during the step over the step's wall time: the
+run's throughput; 0 at the last step, which generates nothing), and
+``time/wait_for_batch`` (the actor idle, waiting for a batch). ``env/*``,
+``time/generate_rollouts`` (the generation's own duration) and the worker busy
+times come with the step during which a generation finished.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ class AsyncPPORunner(EmbodiedRunner):
         env_mark, time_mark = self.total_env_steps, time.perf_counter()
         sync_s = wait_s = 0.0
         idle_since: float | None = time.perf_counter()
+        drops_in_a_row = 0
 
         def finish_generation() -> None:
             nonlocal gen, ready, gen_metrics
@@ -238,12 +241,23 @@ class AsyncPPORunner(EmbodiedRunner):
                 if out.pop("dropped", 0.0):
                     _log.warning(
                         "step %d: dropped a batch of weight version %d (older than "
-                        "algorithm.max_staleness=%d versions)",
+                        "algorithm.max_staleness=%d versions); resending the weights",
                         self.global_step,
                         int(out["rollout/trained_version"]),
                         k,
                     )
+                    # The schedule never generates that far ahead, so the rollout's weights
+                    # did not arrive: send them again before the next generation.
+                    self._synced_version = -1
+                    drops_in_a_row += 1
+                    if drops_in_a_row > k + 2:
+                        raise RuntimeError(
+                            f"step {self.global_step}: {drops_in_a_row} batches in a row were "
+                            f"older than algorithm.max_staleness={k} versions although the "
+                            "weights were resent; the rollout does not load the actor's weights"
+                        )
                     continue
+                drops_in_a_row = 0
                 self.trained_versions.append(
                     (self.global_step, int(out["rollout/trained_version"]))
                 )
@@ -260,6 +274,7 @@ class AsyncPPORunner(EmbodiedRunner):
                 if (eval_due or save_due or step_end) and gen is not None:
                     finish_generation()  # env and rollout must be idle
                 metrics = {**gen_metrics, **out}
+                gen_metrics = {}  # env/* and generation times: once per finished generation
                 metrics["rollout/dropped_batches"] = float(self.dropped_batches)
                 metrics["time/actor_training"] = train_s
                 if eval_due:
