@@ -23,6 +23,7 @@ the ratio), so the row measures time to the threshold, not step time.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ def _stopping(base: type[EmbodiedRunner]) -> type[EmbodiedRunner]:
 def _time_to_threshold(cfg: EmbodiedConfig, groups: list[WorkerGroup]) -> tuple[float, Any]:
     runner_cls = _stopping(AsyncPPORunner if cfg.runner.mode == "async" else EmbodiedRunner)
     seconds = 0.0
+    step_times: list[float] = []
     with runner_cls(cfg, *groups) as runner:
         runner.init_workers()
         logger = runner._res.logger
@@ -96,10 +98,12 @@ def _time_to_threshold(cfg: EmbodiedConfig, groups: list[WorkerGroup]) -> tuple[
             nonlocal seconds
             extra = metrics.get("time/eval", 0.0) + metrics.get("time/save_checkpoint", 0.0)
             seconds += metrics["time/step"] - extra
+            step_times.append(metrics["time/step"] - extra)
             log(metrics, step=step)
 
         logger.log = counting  # type: ignore[method-assign]
         runner.run()
+    runner.step_times = step_times
     return seconds, runner
 
 
@@ -130,7 +134,8 @@ def test_async_vs_sync_ppo_time_to_475(tmp_path: Path, record_ratio: Callable[..
     for mode, (seconds, runner) in results.items():
         print(
             f"\n{mode}: eval return {runner.curve}, reached {THRESHOLD} at step "
-            f"{runner.reached_at} after {seconds:.1f} s of training"
+            f"{runner.reached_at} after {seconds:.1f} s of training; median step "
+            f"{statistics.median(runner.step_times):.3f} s (eval excluded)"
         )
     missed = [m for m, (_, r) in results.items() if r.reached_at is None]
     if missed:
