@@ -12,6 +12,13 @@ schedule costs both modes alike. The step budget is capped at the example's
 140 steps: a run that does not reach 475 by then fails the test with its eval
 curve (no ratio recorded).
 
+Measured on the shared 2-core box (same seeds, two runs): 1.83x (sync 27.1 s,
+step 50; async 14.8 s, step 20; median step sync 0.54 s, async 0.74 s with a
+load average of ~3 from other jobs) and 3.56x (sync 20.8 s, step 40; async
+5.8 s, step 20; median step 0.50 s vs 0.28 s). The step counts (learning noise
+of one seed) weigh more than the step times; the informational second row
+reports the step-time ratio alone.
+
 Where the time goes: a sync step is generation + training + weight sync; an
 async step is the longer of the two (the env and the rollout generate the next
 batch with weights one version old while the actor trains) + the sync. The
