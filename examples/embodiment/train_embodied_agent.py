@@ -1,14 +1,17 @@
 """Train an embodied agent: env, rollout and actor groups driven by an embodied runner.
 
 ``runner.mode: sync`` (PPO/GRPO) uses the EmbodiedRunner and the FSDP actor;
-``runner.mode: async`` (``algorithm.loss_type: sac``) the AsyncEmbodiedRunner and
-the SAC actor with its replay buffer.
+``runner.mode: async`` with ``algorithm.loss_type: sac`` the AsyncEmbodiedRunner and
+the SAC actor with its replay buffer; ``runner.mode: async`` with PPO/GRPO the
+AsyncPPORunner (generation of the next batch overlaps training) and the FSDP actor.
 
 Examples:
     uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp
     uv run python examples/embodiment/train_embodied_agent.py --config-name pendulum_sac_mlp
     uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp \
         runner.max_epochs=10 'cluster.component_placement={actor,env,rollout: 0-1}'
+    uv run python examples/embodiment/train_embodied_agent.py --config-name cartpole_ppo_mlp \
+        runner.mode=async 'cluster.component_placement={actor: 0, env: 1, rollout: 1}'
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.core.logging import setup_logging
+from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
@@ -51,9 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
-    off_policy = cfg.runner.mode == "async"
+    off_policy = cfg.algorithm.loss_type == "sac"
     actor_cls = EmbodiedSACActor if off_policy else EmbodiedFSDPActor
-    runner_cls = AsyncEmbodiedRunner if off_policy else EmbodiedRunner
+    runner_cls: type[EmbodiedRunner] = (
+        AsyncEmbodiedRunner
+        if off_policy
+        else AsyncPPORunner
+        if cfg.runner.mode == "async"
+        else EmbodiedRunner
+    )
     groups: list[WorkerGroup] = []
     runner = None
     interrupted: str | None = None

@@ -8,6 +8,7 @@ Sections (``examples/embodiment/config/*.yaml`` show all of them)::
     algorithm:  adv_type (gae | grpo), loss_type (actor_critic | actor | sac), gamma, gae_lambda,
                 clip ratios, value_clip, huber_delta, entropy_bonus, update_epoch,
                 normalize_advantages, group_size, reward_type, bootstrap_type, loss_agg_mode;
+                async PPO/GRPO (runner.mode: async): max_staleness, importance_sampling_clip;
                 SAC (runner.mode: async): tau, replay_capacity, replay_ratio, warmup_steps,
                 updates_per_step, weight_sync_interval, init_alpha, auto_alpha,
                 target_entropy, max_update_lag
@@ -107,14 +108,18 @@ class EmbodiedRunnerConfig(RunnerConfig):
     """The training loop (``runner``).
 
     Training runs ``max_epochs`` steps, capped by ``max_steps`` when that is set.
-    A sync step is one rollout + one update; an async (SAC) step is
+    A sync step is one rollout + one update; an async PPO/GRPO step is one update on a
+    batch generated while the previous update ran; an async (SAC) step is
     ``algorithm.updates_per_step`` gradient updates while env and rollout keep running.
     """
 
     mode: Literal["sync", "async"] = Field(
         "sync",
-        description="sync: EmbodiedRunner (PPO/GRPO, rollout then train); async: "
-        "AsyncEmbodiedRunner (SAC: env and rollout run on while the actor trains).",
+        description="sync: EmbodiedRunner (PPO/GRPO, rollout then train); async: with "
+        "loss_type sac the AsyncEmbodiedRunner (env and rollout run on while the actor "
+        "trains from a replay buffer), with actor_critic / actor the AsyncPPORunner (env "
+        "and rollout generate the next batch with the newest weights they have while the "
+        "actor trains on the previous one; see algorithm.max_staleness).",
     )
 
     val_before_train: bool = Field(
@@ -180,6 +185,23 @@ class AlgorithmConfig(RLinfModel):
     loss_agg_mode: Literal["token-mean", "episode-length-norm"] = Field(
         "token-mean", description="Loss reduction (episode-length-norm: no auto-reset runs)."
     )
+    # Async PPO/GRPO (loss_type actor_critic / actor, runner.mode: async) -------------
+    max_staleness: int | None = Field(
+        None,
+        description="Async PPO/GRPO (runner.mode: async): a batch is trained at most this "
+        "many weight versions after the one that generated it; generation runs ahead of "
+        "training by up to this many versions and the actor drops (and counts in "
+        "rollout/dropped_batches) a batch older than that. null: 1 with runner.mode: async, "
+        "0 (sync) otherwise; 0 in async mode makes generation wait for each update (sync "
+        "PPO's schedule). Only valid with runner.mode: async and an on-policy loss_type.",
+    )
+    importance_sampling_clip: float = Field(
+        2.0,
+        gt=0,
+        description="Async PPO/GRPO: upper bound of the truncated importance weight "
+        "min(exp(proximal - behaviour logprob), clip) that multiplies each sample's "
+        "advantage (the decoupled PPO correction).",
+    )
     # SAC (loss_type: sac, runner.mode: async) ----------------------------------------
     tau: float = Field(0.005, gt=0, le=1, description="SAC: Polyak weight of the target critics.")
     replay_capacity: int = Field(
@@ -222,6 +244,19 @@ class AlgorithmConfig(RLinfModel):
         description="SAC: the env pauses before a rollout epoch while the actor is more than "
         "this many updates behind replay_ratio * env steps; null: the env never waits.",
     )
+
+    def staleness_bound(self, mode: str) -> int:
+        """The effective ``max_staleness`` k of a run in ``runner.mode`` ``mode``.
+
+        Args:
+            mode: ``sync`` or ``async``.
+
+        Returns:
+            ``max_staleness`` when set; else 1 for async PPO/GRPO, 0 otherwise.
+        """
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 1 if mode == "async" and self.loss_type != "sac" else 0
 
 
 class EnvSplitConfig(EnvConfig):
@@ -346,13 +381,27 @@ class EmbodiedConfig(RLinfModel):
                 "reward_type: chunk_level, or logprob_type: action_level / token_level"
             )
         sac = alg.loss_type == "sac"
-        if sac != (self.runner.mode == "async"):
+        if sac and self.runner.mode != "async":
             raise ValueError(
                 f"runner.mode={self.runner.mode!r} does not fit algorithm.loss_type="
-                f"{alg.loss_type!r}: SAC trains off-policy with the async runner and PPO/GRPO "
-                "with the sync one; set runner.mode: async with loss_type: sac, or runner.mode: "
-                "sync with loss_type actor_critic / actor"
+                f"{alg.loss_type!r}: SAC trains off-policy with the async runner; set "
+                "runner.mode: async with loss_type: sac, or loss_type actor_critic / actor"
             )
+        if alg.max_staleness is not None:
+            if alg.max_staleness < 0:
+                raise ValueError(
+                    f"algorithm.max_staleness={alg.max_staleness} is negative; it counts weight "
+                    "versions a batch may lag behind the actor: set algorithm.max_staleness: 1 "
+                    "(or 0 for sync PPO's schedule)"
+                )
+            if sac or self.runner.mode != "async":
+                raise ValueError(
+                    f"algorithm.max_staleness={alg.max_staleness} only applies to async PPO/GRPO "
+                    f"(runner.mode: async with loss_type actor_critic / actor) but runner.mode="
+                    f"{self.runner.mode!r}, loss_type={alg.loss_type!r}; remove "
+                    "algorithm.max_staleness (SAC uses weight_sync_interval), or set "
+                    "runner.mode: async"
+                )
         if sac:
             if actor.model.model_type != "sac_mlp":
                 raise ValueError(

@@ -301,14 +301,19 @@ class EmbodiedRunner(ClosesOnExit):
             ]
         )
         elapsed = time.perf_counter() - start
-        env_results = results[0]
+        return self._rollout_metrics(results[0], results[1], elapsed, merged)
+
+    def _rollout_metrics(
+        self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool
+    ) -> dict[str, float]:
+        """Episode, throughput and timing metrics of one finished training rollout."""
         self._train_rollouts += 1
         env_steps = sum(int(r["env_steps"]) for r in env_results)
         choice = self.stage_chooser.record(env_steps / elapsed if elapsed > 0 else 0.0)
         if choice:
             (_log.warning if self.stage_chooser.merged else _log.info)(choice)
         env_times = [r.get("env_time") for r in env_results]
-        policy_times = [r.get("infer_time") for r in results[1]]
+        policy_times = [r.get("infer_time") for r in rollout_results]
         busy: dict[str, float] = {}
         if None not in env_times + policy_times:  # custom workers may not report them
             busy["time/env_chunk_steps"] = max(float(t) for t in env_times)

@@ -18,6 +18,21 @@ Per training step:
 
 Weights go to the rollout group by broadcast from rank 0, stamped with the
 global step as version (:meth:`sync_model_to_rollout`).
+
+Async PPO/GRPO (``runner.mode: async`` with an on-policy loss, driven by
+:class:`~rlinf.embodied.async_ppo_runner.AsyncPPORunner`): :meth:`train_next_batch`
+takes the oldest batch waiting in the actor channel (the env keeps shipping the
+next one while the actor trains), drops it if its oldest weight version is more
+than ``algorithm.max_staleness`` behind the actor's step (counted in
+``rollout/dropped_batches``), else computes advantages and trains with the
+decoupled loss: at the start of training the actor recomputes the *proximal*
+logprobs of the batch with its current weights (no gradient); the PPO ratio and
+clip are taken against them, and each sample's advantage is multiplied by
+``truncated_is_weights(proximal, behaviour, algorithm.importance_sampling_clip)``
+where *behaviour* are the logprobs the rollout recorded when sampling. GAE and
+the value clip use the values the rollout recorded (the behaviour policy's
+critic), as in sync PPO. With behaviour == proximal (a batch of the current
+version) the weights are 1 and the update equals sync PPO's.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ from rlinf.core.algorithms import (
     get_advantage,
     get_policy_loss,
     masked_mean,
+    truncated_is_weights,
     value_loss,
 )
 from rlinf.core.channel import Channel
@@ -57,7 +73,7 @@ from rlinf.embodied.workers.common import (
 )
 from rlinf.sched import Worker
 
-__all__ = ["EmbodiedFSDPActor"]
+__all__ = ["EmbodiedFSDPActor", "batch_staleness", "proximal_logprobs"]
 
 
 @dataclasses.dataclass
@@ -75,6 +91,65 @@ class _TrainData:
     returns: torch.Tensor | None
     mask: torch.Tensor
     mask_sum: torch.Tensor | None
+    is_weights: torch.Tensor | None = None
+    """Async PPO: ``[n, width]`` truncated IS weights (proximal vs behaviour); None: sync."""
+
+
+def batch_staleness(versions: torch.Tensor, step: int) -> tuple[int, float]:
+    """How many weight versions a batch lags behind the actor's step.
+
+    Args:
+        versions: The weight version of each chunk step of the batch (``[T]``).
+        step: The actor's global step (its weight version).
+
+    Returns:
+        ``(step - oldest version, mean of step - version)``.
+
+    Raises:
+        RuntimeError: A version is newer than ``step`` (the rollout cannot be ahead).
+    """
+    if versions.numel() == 0:
+        raise RuntimeError("the rollout batch has no chunk steps, so no weight version")
+    newest = int(versions.max())
+    if newest > step:
+        raise RuntimeError(
+            f"the rollout batch was generated with weight version {newest}, newer than the "
+            f"actor's step {step}"
+        )
+    lag = step - versions.to(torch.float64)
+    return int(lag.max()), float(lag.mean())
+
+
+def proximal_logprobs(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    chunks: int,
+    level: str,
+    micro_batch_size: int,
+) -> torch.Tensor:
+    """The current policy's logprobs of the batch's actions, at ``level``, without gradient.
+
+    The decoupled PPO loss takes its ratio and clip against these (the *proximal*
+    policy: the weights at the start of the update).
+
+    Args:
+        model: The policy (FSDP-wrapped or not); every rank runs the same passes.
+        inputs: ``[n, ...]`` forward inputs (they include the sampled actions).
+        chunks: Action chunks per sample (``C``).
+        level: ``token_level``, ``action_level`` or ``chunk_level``.
+        micro_batch_size: Samples per forward pass.
+
+    Returns:
+        ``[n, width]`` logprobs (the width of :func:`_at_level`).
+    """
+    n = next(iter(inputs.values())).shape[0]
+    parts = []
+    with torch.no_grad():
+        for start in range(0, n, micro_batch_size):
+            part = {k: v[start : start + micro_batch_size] for k, v in inputs.items()}
+            out = model(part, compute_logprobs=True, compute_entropy=False, compute_values=False)
+            parts.append(_at_level(out["logprobs"], chunks, level).detach())
+    return torch.cat(parts, dim=0)
 
 
 class EmbodiedFSDPActor(Worker):
@@ -103,6 +178,7 @@ class EmbodiedFSDPActor(Worker):
         self._offload = False
         self._offloaded = False
         self._max_episode_steps = 1
+        self.dropped_batches = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -165,6 +241,7 @@ class EmbodiedFSDPActor(Worker):
             ),
         )
         self.global_step = 0
+        self.dropped_batches = 0
         self.batch = None
         if self._offload:
             self.offload()
@@ -289,6 +366,55 @@ class EmbodiedFSDPActor(Worker):
         """The distinct weight versions stamped on the received batch, sorted."""
         batch = self._require_batch()
         return sorted({int(v) for v in batch.trajectory.versions.tolist()})
+
+    def train_next_batch(self, actor_channel: Channel) -> dict[str, float]:
+        """Async PPO/GRPO step: the oldest queued batch, dropped if too stale, else trained.
+
+        Receives the rank's pieces of the oldest batch in ``actor_channel`` (the
+        next one may already be arriving behind it). Its staleness is the actor's
+        step minus the oldest weight version stamped on it, the maximum over actor
+        ranks; above ``algorithm.max_staleness`` the batch is dropped on every rank
+        (no update, the step does not advance). Otherwise
+        :meth:`compute_advantages_and_returns` and :meth:`run_training` (with the
+        decoupled loss, see the module docstring) run on it.
+
+        Args:
+            actor_channel: Env -> actor channel (key: this rank).
+
+        Returns:
+            ``dropped`` (1.0 or 0.0), ``rollout/dropped_batches`` (cumulative over the
+            run, checkpointed), ``rollout/trained_version`` (oldest version of the
+            batch); when trained also ``rollout/staleness_mean``,
+            ``rollout/staleness_max`` and the ``rollout/*`` and ``train/*`` metrics.
+        """
+        k = self.cfg.algorithm.staleness_bound(self.cfg.runner.mode)
+        self.recv_rollout_batch(actor_channel)
+        versions = self._require_batch().trajectory.versions
+        worst, mean = batch_staleness(versions, self.global_step)
+        reduced = self._all_reduce(
+            torch.tensor([float(worst)], dtype=torch.float64), dist.ReduceOp.MAX
+        )
+        worst = int(reduced[0])
+        mean = (
+            float(self._all_reduce(torch.tensor([mean], dtype=torch.float64))[0]) / self.world_size
+        )
+        metrics: dict[str, float] = {"rollout/trained_version": float(self.global_step - worst)}
+        if worst > k:
+            self.batch = None
+            self.dropped_batches += 1
+            metrics.update({"dropped": 1.0, "rollout/dropped_batches": float(self.dropped_batches)})
+            return metrics
+        metrics.update(self.compute_advantages_and_returns())
+        metrics.update(self.run_training())
+        metrics.update(
+            {
+                "dropped": 0.0,
+                "rollout/dropped_batches": float(self.dropped_batches),
+                "rollout/staleness_mean": mean,
+                "rollout/staleness_max": float(worst),
+            }
+        )
+        return metrics
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
         out = tensor.detach().to(self.device, copy=True)
@@ -452,6 +578,21 @@ class EmbodiedFSDPActor(Worker):
         if chunk_level:
             old_values = old_values[:, :1]
         mask = batch.loss_mask.reshape(n, -1).to(dev)
+        inputs = {k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()}
+        old_logprobs = old_logprobs.to(dev)
+        is_weights = None
+        if self.cfg.runner.mode == "async":  # decoupled PPO: ratio vs proximal, IS vs behaviour
+            assert self.model is not None
+            proximal = proximal_logprobs(
+                self.model, inputs, chunks, level, self.cfg.actor.micro_batch_size
+            )
+            is_weights = truncated_is_weights(
+                proximal,
+                old_logprobs,
+                alg.importance_sampling_clip,
+                _widen(mask, proximal.shape[1]),
+            )
+            old_logprobs = proximal
         mask_sum = None
         if alg.loss_agg_mode == "episode-length-norm":
             per_env = batch.loss_mask.reshape(t, b, -1).sum(dim=(0, 2))
@@ -461,13 +602,14 @@ class EmbodiedFSDPActor(Worker):
             chunks=chunks,
             chunk_level=chunk_level,
             logprob_level=level,
-            inputs={k: v.reshape(n, *v.shape[2:]).to(dev) for k, v in traj.forward_inputs.items()},
-            old_logprobs=old_logprobs.to(dev),
+            inputs=inputs,
+            old_logprobs=old_logprobs,
             old_values=old_values.to(dev),
             advantages=batch.advantages.reshape(n, -1).to(dev),
             returns=None if batch.returns is None else batch.returns.reshape(n, -1).to(dev),
             mask=mask,
             mask_sum=mask_sum,
+            is_weights=is_weights,
         )
 
     def _micro_step(
@@ -488,10 +630,13 @@ class EmbodiedFSDPActor(Worker):
         # or chunk); advantages and masks are repeated to that width.
         logprobs = _at_level(out["logprobs"], data.chunks, data.logprob_level)
         width = logprobs.shape[1]
+        advantages = _widen(data.advantages[idx], width)
+        if data.is_weights is not None:  # async: truncated IS (proximal vs behaviour)
+            advantages = advantages * data.is_weights[idx]
         loss, metrics = get_policy_loss(alg.loss_type)(
             logprobs=logprobs,
             old_logprobs=data.old_logprobs[idx],
-            advantages=_widen(data.advantages[idx], width),
+            advantages=advantages,
             loss_mask=_widen(mask, width),
             clip_ratio_low=alg.clip_ratio_low,
             clip_ratio_high=alg.clip_ratio_high,
@@ -516,6 +661,10 @@ class EmbodiedFSDPActor(Worker):
             )
             loss = loss + vloss
             metrics.update(value_metrics)
+        if data.is_weights is not None:
+            metrics["actor/is_weight_mean"] = masked_mean(
+                data.is_weights[idx], _widen(mask, width)
+            ).detach()
         # Entropy bonus (logged either way).
         entropy_at_level = _at_level(out["entropy"], data.chunks, data.logprob_level)
         entropy = masked_mean(entropy_at_level, _widen(mask, entropy_at_level.shape[1]))
@@ -558,7 +707,11 @@ class EmbodiedFSDPActor(Worker):
             step: The global step.
         """
         model, optimizer, scheduler = self._parts()
-        extra = {"step": step, "scheduler": scheduler.state_dict()}
+        extra = {
+            "step": step,
+            "scheduler": scheduler.state_dict(),
+            "dropped_batches": self.dropped_batches,
+        }
         phase = self.device_phase(lock=False, offload=self._offload)
         with self.worker_timer("save_checkpoint"), phase:
             save_train_state(
@@ -585,6 +738,7 @@ class EmbodiedFSDPActor(Worker):
             )
         scheduler.load_state_dict(extra["scheduler"])
         self.global_step = int(extra["step"])
+        self.dropped_batches = int(extra.get("dropped_batches", 0))
         return self.global_step
 
 

@@ -1,0 +1,314 @@
+"""``AsyncPPORunner``: on-policy PPO/GRPO whose generation runs ahead of training.
+
+``runner.mode: async`` with ``algorithm.loss_type`` ``actor_critic`` or ``actor``.
+The sync :class:`~rlinf.embodied.runner.EmbodiedRunner` alternates a rollout and
+an update; here the driver keeps two things in flight on different groups:
+
+* a *generation*: ``env.interact`` + ``rollout.generate`` (the same workers and
+  channels as the sync runner) produce one batch with the weights the rollout
+  holds; the trajectories wait in the actor channel, which acts as the queue of
+  batches received but not yet trained on;
+* an *actor step*: ``actor.train_next_batch`` takes the oldest queued batch,
+  drops it if it is older than ``algorithm.max_staleness`` = k versions, else
+  trains on it with the decoupled PPO loss (see
+  :mod:`rlinf.embodied.workers.actor_worker`).
+
+A generation meant for step ``s`` (the step that will train on it) starts once
+the rollout holds weights of version ``>= s - k``; with k = 1 (the default) the
+env and the rollout generate batch ``s + 1`` while the actor trains on batch
+``s``. Weights go to the rollout whenever neither a generation nor an actor step
+is running and the actor is ahead of the rollout (the newest version there
+is), so a generation waits at most for the sync itself. k = 0 gives the sync
+schedule (generation waits for every update).
+
+Eval and checkpoints happen at step ends: the runner first lets a running
+generation finish. A checkpoint holds what the sync runner's holds plus the
+actor's dropped-batch count; batches generated but not yet trained on (in the
+actor channel or in flight) are not saved: a resumed run generates them again
+from the env state of the checkpoint, with the checkpoint's weights.
+
+Collocated placements (actor and rollout on the same devices) are refused at
+:meth:`AsyncPPORunner.init_workers`: the two take turns on shared devices, so
+nothing would overlap.
+
+Metrics per step: the sync runner's ``train/*``, ``rollout/*``, ``eval/*`` and
+``time/*``, plus
+``rollout/staleness_mean``, ``rollout/staleness_max`` (versions between the
+batch's weights and the actor's), ``rollout/dropped_batches`` (cumulative),
+``rollout/trained_version``, ``rollout/env_steps_per_s`` (env steps of the
+generations that finished during the step over the step's wall time: the
+run's throughput; 0 at the last step, which generates nothing), and
+``time/wait_for_batch`` (the actor idle, waiting for a batch). ``env/*``,
+``time/generate_rollouts`` (the generation's own duration) and the worker busy
+times come with the step during which a generation finished.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlinf.core import startup
+from rlinf.core.config import ConfigError, ConfigIssue
+from rlinf.core.config.errors import NO_VALUE
+from rlinf.core.logging import get_logger
+from rlinf.core.progress import progress_bar
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.runner import EmbodiedRunner, _devices
+from rlinf.sched import GroupFuture, wait_for_progress
+
+__all__ = ["AsyncPPORunner", "check_async_ppo_placement"]
+
+_log = get_logger("rlinf.embodied.async_ppo_runner")
+
+_POLL_S = 1.0
+
+
+def check_async_ppo_placement(cfg: EmbodiedConfig, shared: bool) -> None:
+    """Refuses a config the async PPO runner cannot run.
+
+    Args:
+        cfg: The validated config.
+        shared: Whether the placed actor shares devices (CPU slots or GPUs) with the rollout.
+
+    Raises:
+        ConfigError: Naming ``runner.mode`` (not async PPO/GRPO) or
+            ``cluster.component_placement`` (actor and rollout share devices: they
+            take turns there, so nothing would overlap).
+    """
+    if cfg.runner.mode != "async" or cfg.algorithm.loss_type == "sac":
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "runner.mode",
+                    "AsyncPPORunner runs async PPO/GRPO: set runner.mode: async with "
+                    f"algorithm.loss_type actor_critic or actor (got {cfg.algorithm.loss_type!r})",
+                    cfg.runner.mode,
+                )
+            ]
+        )
+    if shared:
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "cluster.component_placement",
+                    f"{cfg.cluster.component_placement} places the actor on devices of the "
+                    "rollout; async PPO (runner.mode: async) overlaps generation and training, "
+                    "which take turns on shared devices; give the actor its own slots (e.g. "
+                    "actor: 0, env: 1, rollout: 1) or set runner.mode: sync",
+                    NO_VALUE,
+                )
+            ]
+        )
+
+
+class AsyncPPORunner(EmbodiedRunner):
+    """Drives async PPO/GRPO: generation of the next batch overlaps training on the last.
+
+    Takes the same groups as :class:`EmbodiedRunner` (the actor group runs
+    :class:`~rlinf.embodied.workers.EmbodiedFSDPActor`).
+
+    Attributes:
+        max_staleness: k, ``algorithm.max_staleness`` (null: 1).
+        dropped_batches: Batches the actor dropped as too stale (cumulative, resumed).
+        trained_versions: ``(step, oldest weight version)`` of every batch trained on
+            by this runner object, in order (for tests and diagnostics).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_staleness = self.cfg.algorithm.staleness_bound("async")
+        self.dropped_batches = 0
+        self.trained_versions: list[tuple[int, int]] = []
+
+    def init_workers(self, resume_dir: str | Path | None = None) -> None:
+        """Refuses a collocated placement, then :meth:`EmbodiedRunner.init_workers`.
+
+        Raises:
+            ConfigError: Naming ``cluster.component_placement`` when the actor shares
+                devices (CPU slots or GPUs) with the rollout.
+        """
+        check_async_ppo_placement(self.cfg, bool(_devices(self.actor) & _devices(self.rollout)))
+        super().init_workers(resume_dir)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """:meth:`EmbodiedRunner.load_checkpoint`; the dropped count comes with the actor."""
+        step = super().load_checkpoint(path)
+        self.dropped_batches = 0  # the actor's count is reported with its next step
+        return step
+
+    # ------------------------------------------------------------------ pieces
+
+    def _launch_generation(self, seed_step: int) -> tuple[list[GroupFuture], bool, float]:
+        ch = self._res.channels
+        merged = self.stage_chooser.next_merged()
+        futures = [
+            self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
+            self.rollout.generate(ch["rollout"], ch["env"], seed_step, "train", merged),
+        ]
+        return futures, merged, time.perf_counter()
+
+    def _wait_any(self, units: list[list[GroupFuture]]) -> None:
+        """Returns once every future of one unit is done; a failed rank raises at once."""
+        deadline = time.monotonic() + self.cfg.runner.step_timeout_s
+        while True:
+            for unit in units:
+                for future in unit:
+                    if future.done():
+                        self._wait([future])  # a failed rank surfaces now
+                if all(future.done() for future in unit):
+                    return
+            wait_for_progress([f for unit in units for f in unit], _POLL_S)
+            if time.monotonic() > deadline:
+                self._wait([f for unit in units for f in unit])  # names the ranks running
+                return
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run_attempt(self) -> dict[str, float]:
+        cfg = self.cfg.runner
+        total = cfg.total_steps
+        k = self.max_staleness
+        logger = self._res.logger
+        _log.info(
+            "async PPO: max_staleness %d (generation runs up to %d version(s) ahead); "
+            "TensorBoard logs: %s",
+            k,
+            k,
+            self.tensorboard_dir,
+        )
+        last: dict[str, float] = {}
+        if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
+            start = time.perf_counter()
+            last = self.evaluate()
+            last["time/eval"] = time.perf_counter() - start
+            logger.log(last, step=0)
+        bar = progress_bar(
+            total=total, desc="embodied-async-ppo", unit="step", initial=self.global_step
+        )
+        gen: tuple[list[GroupFuture], bool, float] | None = None
+        train: tuple[GroupFuture, float] | None = None
+        ready = 0  # whole batches waiting in the actor channel
+        gen_metrics: dict[str, float] = {}
+        env_mark, time_mark = self.total_env_steps, time.perf_counter()
+        sync_s = wait_s = 0.0
+        idle_since: float | None = time.perf_counter()
+        drops_in_a_row = 0
+
+        def finish_generation() -> None:
+            nonlocal gen, ready, gen_metrics
+            assert gen is not None
+            futures, merged, started = gen
+            results = self._wait(futures)
+            gen = None
+            ready += 1
+            gen_metrics = self._rollout_metrics(
+                results[0], results[1], time.perf_counter() - started, merged
+            )
+
+        try:
+            while self.global_step < total:
+                reported = startup.report()
+                if reported is not None:
+                    _log.info(reported[0])
+                # The newest weights go to the rollout while both groups are idle.
+                if gen is None and train is None and self._synced_version < self.global_step:
+                    sync_s += self.update_rollout_weights()
+                outstanding = ready + (gen is not None) + (train is not None)
+                target = self.global_step + outstanding  # the step that trains the next batch
+                if gen is None and target < total and self._synced_version >= target - k:
+                    gen = self._launch_generation(target)
+                if train is None and ready > 0:
+                    train = (
+                        self.actor.train_next_batch(self._res.channels["actor"]),
+                        time.perf_counter(),
+                    )
+                    ready -= 1
+                    if idle_since is not None:
+                        wait_s += time.perf_counter() - idle_since
+                        idle_since = None
+                units = [u for u in (gen[0] if gen else None, [train[0]] if train else None) if u]
+                self._wait_any(units)
+                if gen is not None and all(f.done() for f in gen[0]):
+                    finish_generation()
+                if train is None or not train[0].done():
+                    continue
+                out = dict(self._wait([train[0]])[0][0])
+                train_s = time.perf_counter() - train[1]
+                train, idle_since = None, time.perf_counter()
+                self.dropped_batches = int(out.pop("rollout/dropped_batches", 0))
+                if out.pop("dropped", 0.0):
+                    _log.warning(
+                        "step %d: dropped a batch of weight version %d (older than "
+                        "algorithm.max_staleness=%d versions); resending the weights",
+                        self.global_step,
+                        int(out["rollout/trained_version"]),
+                        k,
+                    )
+                    # The schedule never generates that far ahead, so the rollout's weights
+                    # did not arrive: send them again before the next generation.
+                    self._synced_version = -1
+                    drops_in_a_row += 1
+                    if drops_in_a_row > k + 2:
+                        raise RuntimeError(
+                            f"step {self.global_step}: {drops_in_a_row} batches in a row were "
+                            f"older than algorithm.max_staleness={k} versions although the "
+                            "weights were resent; the rollout does not load the actor's weights"
+                        )
+                    continue
+                drops_in_a_row = 0
+                self.trained_versions.append(
+                    (self.global_step, int(out["rollout/trained_version"]))
+                )
+                self.global_step += 1
+                step_end = self.global_step >= total
+                eval_due = (
+                    cfg.val_check_interval > 0
+                    and self.cfg.env.eval is not None
+                    and (self.global_step % cfg.val_check_interval == 0 or step_end)
+                )
+                save_due = cfg.save_interval > 0 and (
+                    self.global_step % cfg.save_interval == 0 or step_end
+                )
+                if (eval_due or save_due or step_end) and gen is not None:
+                    finish_generation()  # env and rollout must be idle
+                metrics = {**gen_metrics, **out}
+                gen_metrics = {}  # env/* and generation times: once per finished generation
+                metrics["rollout/dropped_batches"] = float(self.dropped_batches)
+                metrics["time/actor_training"] = train_s
+                if eval_due:
+                    start = time.perf_counter()
+                    metrics.update(self.evaluate())
+                    metrics["time/eval"] = time.perf_counter() - start
+                if save_due:
+                    start = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["time/save_checkpoint"] = time.perf_counter() - start
+                now = time.perf_counter()
+                metrics["rollout/env_steps"] = float(self.total_env_steps)
+                metrics["rollout/env_steps_per_s"] = (self.total_env_steps - env_mark) / max(
+                    now - time_mark, 1e-9
+                )
+                metrics["time/step"] = now - time_mark
+                metrics["time/sync_weights"] = sync_s
+                metrics["time/wait_for_batch"] = wait_s
+                env_mark, time_mark, sync_s, wait_s = self.total_env_steps, now, 0.0, 0.0
+                if cfg.max_restarts > 0:
+                    metrics["train/restarts"] = float(self.restarts)
+                logger.log(metrics, step=self.global_step)
+                postfix: dict[str, float | str] = {
+                    "env_steps_per_s": metrics["rollout/env_steps_per_s"],
+                    "staleness": metrics.get("rollout/staleness_mean", 0.0),
+                }
+                for key in ("env/return", "eval/return"):
+                    if key in metrics:
+                        postfix[key.replace("/", "_")] = metrics[key]
+                bar.update(1, **postfix)
+                last = metrics
+            if gen is not None:  # none is launched for steps past the last, but be safe
+                finish_generation()
+        finally:
+            bar.close()
+            logger.flush()
+        return last
