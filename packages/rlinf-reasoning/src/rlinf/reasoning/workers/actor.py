@@ -57,7 +57,6 @@ changes the first update).
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import time
 from collections import deque
@@ -401,9 +400,8 @@ class FSDPActor(Worker):
             assert self._base_mesh is not None
             self.mesh = self._base_mesh
             self._load_train_state(state)
-        del state
+        del state  # the dropped tensors go with their last reference (no gc.collect: ~0.4 s)
         self._grown = False
-        gc.collect()
         return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
     # ------------------------------------------------------------ data parallel
