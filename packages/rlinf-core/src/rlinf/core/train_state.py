@@ -44,6 +44,7 @@ def save_train_state(
     extra: dict[str, Any],
     *,
     frozen_from_disk: bool = False,
+    process_group: Any = None,
 ) -> None:
     """Writes the model and optimizer shards and this rank's extras into ``folder``.
 
@@ -53,13 +54,19 @@ def save_train_state(
         optimizer: Its optimizer.
         extra: Picklable per-rank state to keep beside them; the RNG states are added.
         frozen_from_disk: Leave the frozen parameters out (see the module docstring).
+        process_group: The ranks that hold the model (default: all ranks of the
+            default group); an online-scaling actor passes its base ranks' group.
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     folder.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options(frozen_from_disk))
-    dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / "dcp"))
+    dcp_save(
+        {"model": model_state, "optim": optim_state},
+        checkpoint_id=str(folder / "dcp"),
+        process_group=process_group,
+    )
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     torch.save({**extra, "rng": rng_state()}, folder / f"extra_rank{rank}.pt")
 
@@ -70,6 +77,7 @@ def load_train_state(
     optimizer: torch.optim.Optimizer,
     *,
     frozen_from_disk: bool = False,
+    process_group: Any = None,
 ) -> dict[str, Any]:
     """Restores what :func:`save_train_state` wrote and this rank's RNG states.
 
@@ -81,6 +89,7 @@ def load_train_state(
         model: The model to load into.
         optimizer: Its optimizer.
         frozen_from_disk: The value the checkpoint was saved with.
+        process_group: The ranks that hold the model (see :func:`save_train_state`).
 
     Returns:
         This rank's extras (what the stack passed to :func:`save_train_state`).
@@ -96,7 +105,7 @@ def load_train_state(
     options = _options(frozen_from_disk)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-    dcp_load(state, checkpoint_id=str(folder / "dcp"))
+    dcp_load(state, checkpoint_id=str(folder / "dcp"), process_group=process_group)
     set_state_dict(
         model,
         optimizer,

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlinf.core.config import ConfigError, ConfigIssue, RLinfModel, RunnerConfig
 from rlinf.core.config.errors import NO_VALUE
@@ -125,6 +125,22 @@ class EmbodiedRunnerConfig(RunnerConfig):
     val_before_train: bool = Field(
         False, description="Evaluate once before the first training step (logged at step 0)."
     )
+    online_scaling: bool = Field(
+        False,
+        description="Not implemented for the embodied runners (reasoning FSDP actor only, "
+        "see docs/online_scaling.md); must stay false.",
+    )
+
+    @field_validator("online_scaling")
+    @classmethod
+    def _refuse_online_scaling(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "runner.online_scaling=true is implemented for the reasoning runner's FSDP "
+                "actor only, not for the embodied runners; set runner.online_scaling: false"
+            )
+        return value
+
     plugin_modules: list[str] = Field(
         default_factory=list,
         description="Modules or .py files every process imports first (custom envs/policies).",

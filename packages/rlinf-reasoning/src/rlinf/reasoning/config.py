@@ -99,6 +99,12 @@ class ReasoningRunnerConfig(RunnerConfig):
     channel_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for one item on a channel between stages."
     )
+    online_scaling: bool = Field(
+        False,
+        description="Disaggregated placement, FSDP actor: after each step's generation the "
+        "actor grows onto the rollout's devices for training and shrinks back before the "
+        "next generation (see docs/online_scaling.md).",
+    )
 
 
 class SamplingConfig(RLinfModel):
@@ -558,6 +564,8 @@ class ReasoningConfig(RLinfModel):
                 "actor.gradient_checkpointing=true is not implemented for "
                 "actor.training_backend='megatron'; set actor.gradient_checkpointing: false"
             )
+        if runner.online_scaling:
+            _check_online_scaling(self)
         if alg.kl_beta > 0 and alg.is_reinpp:
             raise ValueError(
                 "algorithm.kl_beta > 0 adds a KL loss term; reinforce_plus_plus folds its KL "
@@ -627,3 +635,30 @@ class ReasoningConfig(RLinfModel):
                 f"{per_rank} responses each of the {actor} {ranks} gets per minibatch; "
                 "pick a divisor"
             )
+
+
+def _check_online_scaling(cfg: ReasoningConfig) -> None:
+    """Refuses ``runner.online_scaling`` where it is not implemented (the message names the key)."""
+    fix = "set runner.online_scaling: false"
+    if cfg.actor.training_backend != "fsdp":
+        raise ValueError(
+            f"runner.online_scaling=true is implemented for actor.training_backend='fsdp' "
+            f"only, not {cfg.actor.training_backend!r}; {fix} or use the FSDP actor"
+        )
+    if cfg.algorithm.is_async:
+        raise ValueError(
+            f"runner.online_scaling=true needs synchronous GRPO, but algorithm.max_staleness="
+            f"{cfg.algorithm.max_staleness} (the rollout never stops generating); {fix} or "
+            "set algorithm.max_staleness: 0"
+        )
+    if cfg.needs_ref_model:
+        raise ValueError(
+            "runner.online_scaling=true does not re-shard the frozen reference model that KL "
+            f"terms need (algorithm.kl_beta={cfg.algorithm.kl_beta}, reinpp_kl_beta="
+            f"{cfg.algorithm.reinpp_kl_beta}); {fix} or set the KL coefficients to 0"
+        )
+    if cfg.actor.enable_offload:
+        raise ValueError(
+            f"runner.online_scaling=true with actor.enable_offload=true is not implemented; "
+            f"{fix} or set actor.enable_offload: false"
+        )

@@ -18,6 +18,16 @@ One step (``N = algorithm.rollout_batch_size`` prompts, ``G = group_size``):
 Every sample of a step comes from the weights synced at its start (checked:
 the actor reports the versions it trained on).
 
+With ``runner.online_scaling`` (disaggregated placement, FSDP actor) the actor
+group is launched over the actor's and the rollout's devices
+(:func:`rlinf.sched.grown_actor_strategy`); a step then runs generation and
+reward first, grows the actor onto the rollout's devices
+(:meth:`~rlinf.reasoning.workers.FSDPActor.scale_up`), trains on all ranks and
+shrinks back (``scale_down``) before the next weight sync; it logs
+``time/scale_up``, ``time/scale_down``, ``actor/world_size_generate`` and
+``actor/world_size_train``. A failure while re-sharding raises
+:class:`rlinf.sched.ScalingError` (see docs/online_scaling.md).
+
 With ``algorithm.max_staleness`` = k > 0 the run is *asynchronous GRPO*
 (:mod:`rlinf.reasoning.async_grpo`): rollout and reward run continuously in the
 background, up to k steps ahead of the actor; a step trains on groups
@@ -60,7 +70,17 @@ from rlinf.reasoning.async_grpo import AsyncPipeline, check_async_placement, sta
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
-from rlinf.sched import Cluster, Worker, WorkerGroup, launch_groups, wait_all
+from rlinf.sched import (
+    Cluster,
+    ScalingError,
+    Worker,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroup,
+    grown_actor_strategy,
+    launch_groups,
+    wait_all,
+)
 from rlinf.sched.placement import ModelParallelComponentPlacement
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
@@ -141,6 +161,23 @@ def launch_reasoning_groups(
     )
     collocated = placement.is_collocated
     check_async_placement(cfg, collocated)
+    actor_strategy = placement.get_strategy("actor")
+    actor_args: dict[str, Any] = {}
+    if cfg.runner.online_scaling:
+        actor_strategy = grown_actor_strategy(placement)
+        grown = len(actor_strategy.hardware_ranks_list)
+        try:
+            cfg.check_world_sizes(
+                actor=grown,
+                rollout=placement.rollout_world_size,
+                reward=placement.reward_world_size,
+            )
+        except ValueError as err:
+            raise ValueError(
+                f"runner.online_scaling=true trains on {grown} actor ranks (actor + rollout "
+                f"resources): {err}"
+            ) from err
+        actor_args["base_world_size"] = placement.actor_world_size
     # The three groups start at once (worker start-up dominates small runs); if one
     # fails, none is left running.
     groups = launch_groups(
@@ -156,9 +193,9 @@ def launch_reasoning_groups(
             ),
             f"{name_prefix}ActorGroup": (
                 (actor_cls or (MegatronActor if megatron else FSDPActor)).create_group(
-                    cfg, collocated
+                    cfg, collocated, **actor_args
                 ),
-                placement.get_strategy("actor"),
+                actor_strategy,
             ),
         },
         timeout=timeout,
@@ -226,6 +263,14 @@ class ReasoningRunner(ClosesOnExit):
         self._initialized = False
         self._evaluated = False
         self._async = AsyncPipeline(self) if cfg.algorithm.is_async else None
+        if cfg.runner.online_scaling and collocated:
+            raise ValueError(
+                "runner.online_scaling=true needs disaggregated placement (the actor grows "
+                "onto the rollout's devices), but the placement is collocated; set "
+                "runner.online_scaling: false or place actor and rollout apart"
+            )
+        self.base_actor_ranks = list(range(actor.world_size))
+        """The actor ranks that hold the model between steps (fewer with online scaling)."""
 
     # ------------------------------------------------------------------ setup
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
@@ -281,6 +326,15 @@ class ReasoningRunner(ClosesOnExit):
             cfg.runner.step_timeout_s,
             hint=_TIMEOUT_HINT,
         )
+        if cfg.runner.online_scaling:
+            base = int(actor_info[0].get("base_world_size", self.actor.world_size))
+            if base >= self.actor.world_size:
+                raise ValueError(
+                    f"runner.online_scaling=true but the actor group's {self.actor.world_size} "
+                    "ranks all hold the model; launch it with launch_reasoning_groups (which "
+                    "places extra ranks on the rollout's devices)"
+                )
+            self.base_actor_ranks = list(range(base))
         _log.info(
             "workers ready: actor %s, rollout %s, reward %s (%s placement), %d steps",
             actor_info[0],
@@ -343,7 +397,7 @@ class ReasoningRunner(ClosesOnExit):
             _log.info("first weight sync (actor -> rollout, version %d) ...", version)
         actor_out, rollout_out = wait_all(
             [
-                self.actor.sync_model_to_rollout(
+                self.actor.execute_on(*self.base_actor_ranks).sync_model_to_rollout(
                     self.rollout.name, self.rollout.world_size, version
                 ),
                 self.rollout.sync_model_from_actor(self.actor.name),
@@ -388,16 +442,20 @@ class ReasoningRunner(ClosesOnExit):
         for request in requests:
             self.requests.put(request, timeout=cfg.runner.channel_timeout_s)
         t_stages = time.perf_counter()
-        rollout_out, reward_out, actor_out = wait_all(
-            [
-                self.rollout.generate(self.requests, self.generated, step),
-                self.reward.compute_rewards(self.generated, self.rewarded),
-                self.actor.run_training(self.rewarded, step),
-            ],
-            cfg.runner.step_timeout_s,
-            on_error=self._res.close_channels,
-            hint=_TIMEOUT_HINT,
-        )
+        scaling: dict[str, float] = {}
+        if cfg.runner.online_scaling:
+            rollout_out, reward_out, actor_out, scaling = self._scaled_stages(step)
+        else:
+            rollout_out, reward_out, actor_out = wait_all(
+                [
+                    self.rollout.generate(self.requests, self.generated, step),
+                    self.reward.compute_rewards(self.generated, self.rewarded),
+                    self.actor.run_training(self.rewarded, step),
+                ],
+                cfg.runner.step_timeout_s,
+                on_error=self._res.close_channels,
+                hint=_TIMEOUT_HINT,
+            )
         t_end = time.perf_counter()
         self.data_history.append(indices)
 
@@ -440,10 +498,63 @@ class ReasoningRunner(ClosesOnExit):
                 "train/samples_per_s": _samples_per_s(cfg, t_step),
                 "train/weight_version": float(step),
                 "rollout/generated_tokens": float(tokens),
+                **scaling,
             }
         )
         self.global_step = step + 1
         return metrics
+
+    def _scaled_stages(self, step: int) -> tuple[list[Any], list[Any], list[Any], dict[str, float]]:
+        """Online scaling: generate + reward, grow the actor, train on every rank, shrink.
+
+        Returns:
+            The rollout, reward and actor results, and the scaling metrics.
+
+        Raises:
+            rlinf.sched.ScalingError: A rank failed or died while re-sharding.
+        """
+        timeout = self.cfg.runner.step_timeout_s
+        close = self._res.close_channels
+        rollout_out, reward_out = wait_all(
+            [
+                self.rollout.generate(self.requests, self.generated, step),
+                self.reward.compute_rewards(self.generated, self.rewarded),
+            ],
+            timeout,
+            on_error=close,
+            hint=_TIMEOUT_HINT,
+        )
+        t_up = self._scale("scale_up")
+        (actor_out,) = wait_all(
+            [self.actor.run_training(self.rewarded, step)],
+            timeout,
+            on_error=close,
+            hint=_TIMEOUT_HINT,
+        )
+        t_down = self._scale("scale_down")
+        metrics = {
+            "time/scale_up": t_up,
+            "time/scale_down": t_down,
+            "actor/world_size_generate": float(len(self.base_actor_ranks)),
+            "actor/world_size_train": float(self.actor.world_size),
+        }
+        return rollout_out, reward_out, actor_out, metrics
+
+    def _scale(self, phase: str) -> float:
+        """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds."""
+        t0 = time.perf_counter()
+        try:
+            wait_all(
+                [getattr(self.actor, phase)()],
+                self.cfg.runner.step_timeout_s,
+                hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
+            )
+        except WorkerError as err:
+            detail = "died" if isinstance(err, WorkerDiedError) else "raised"
+            raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
+        except TimeoutError as err:
+            raise ScalingError(phase, self.actor.name, -1, f"timed out: {err}") from err
+        return time.perf_counter() - t0
 
     def _async_train_step(self, pipe: AsyncPipeline) -> dict[str, float]:
         """One step of asynchronous GRPO (see :mod:`rlinf.reasoning.async_grpo`)."""
@@ -651,7 +762,8 @@ class ReasoningRunner(ClosesOnExit):
         """
         step = self.global_step
         with new_checkpoint(self.checkpoint_root, step) as path:
-            self.actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
+            actor = self.actor.execute_on(*self.base_actor_ranks)
+            actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
             cursor = (
                 self._async.cursor_for(step)
                 if self._async is not None
@@ -678,7 +790,8 @@ class ReasoningRunner(ClosesOnExit):
         path = Path(path)
         allow = self.cfg.runner.allow_config_change
         progress = load_run_state(path, self.cfg, allow_config_change=allow)
-        steps = self.actor.load_checkpoint(str(path)).wait(self.cfg.runner.step_timeout_s)
+        actor = self.actor.execute_on(*self.base_actor_ranks)
+        steps = actor.load_checkpoint(str(path)).wait(self.cfg.runner.step_timeout_s)
         if any(s != progress.global_step for s in steps):
             raise RuntimeError(
                 f"checkpoint {path}: actor step {steps} != runner step {progress.global_step}"

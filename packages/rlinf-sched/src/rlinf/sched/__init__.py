@@ -8,7 +8,8 @@ rank), :func:`launch_groups` (several groups at once, all or none),
 :func:`wait_all` (one fail-fast wait for several calls), :func:`wait_for_progress`,
 point-to-point ``send``/``recv``/``broadcast`` between workers of any groups
 (:mod:`rlinf.sched.comm`), channels found by name across nodes, device locks
-and offload/onload hooks for collocated phases.
+and offload/onload hooks for collocated phases, and the placement side of
+online scaling (:mod:`rlinf.sched.scaling`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -24,6 +25,7 @@ from rlinf.sched.placement import (
     NodePlacementStrategy,
     PackedPlacementStrategy,
 )
+from rlinf.sched.scaling import ScalingError, grown_actor_strategy
 from rlinf.sched.wait import wait_all, wait_for_progress
 from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
 
@@ -49,11 +51,13 @@ __all__ = [
     "NodePlacementStrategy",
     "PackedPlacementStrategy",
     "PeerDiedError",
+    "ScalingError",
     "Worker",
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
     "__version__",
+    "grown_actor_strategy",
     "launch_groups",
     "wait_all",
     "wait_for_progress",

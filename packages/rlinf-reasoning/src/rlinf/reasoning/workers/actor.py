@@ -25,6 +25,33 @@ Weights reach the rollout in buckets (:meth:`sync_model_to_rollout`): the full
 tensors are gathered over the actor ranks and rank 0 broadcasts one
 :class:`~rlinf.core.weight_sync.WeightBucket` of at most
 ``actor.sync_bucket_mb`` to every rollout rank per call.
+
+Online scaling (``runner.online_scaling``, built with ``base_world_size`` < the
+group's world size): ranks ``0..base_world_size-1`` (the *base* ranks) hold the
+model, optimizer and schedule; the others (the *extra* ranks, launched on the
+rollout's devices) start idle with no model state. :meth:`scale_up` grows the
+actor onto every rank for a training phase, :meth:`scale_down` shrinks it back:
+
+* process groups: the default group spans every rank and a subgroup the base
+  ranks; both are created once at start (all ranks must join each creation);
+  "rebuilding" is a new FSDP2 wrapping over the other device mesh;
+* re-sharding: the full state (parameters, AdamW moments and step counts,
+  param-group hyper-parameters, LR schedule, counters) is gathered to rank 0
+  and broadcast (``broadcast_object_list``: pickled, CPU) to the ranks of the
+  new layout; each rank then keeps its shard (``set_model_state_dict`` /
+  ``set_optimizer_state_dict`` with full state dicts). Each receiving rank
+  briefly holds one full copy of the state: fine for the toy and small models,
+  a per-tensor scatter would be needed for large ones;
+* the grown model is a fresh module (loaded from ``actor.model_path``, then
+  overwritten with the broadcast state), so buffers that are not in the state
+  dict (rotary tables) are right; the base ranks keep their model object
+  during the training phase and load the trained state back into it;
+* the data of the step re-splits by itself: each rank takes
+  ``rollout_batch_size / ranks`` groups from the channel.
+
+An optimizer that has not stepped yet sends no state (``get_optimizer_state_dict``
+would create it with a zero-gradient step and bump AdamW's step counts, which
+changes the first update).
 """
 
 from __future__ import annotations
@@ -35,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -70,6 +97,9 @@ from rlinf.reasoning.workers.batch import Sample, pack_samples, pad_rows
 from rlinf.reasoning.workers.common import setup_torch_threads
 from rlinf.sched import Worker
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = ["FSDPActor"]
 
 _MIB = 1 << 20
@@ -83,13 +113,20 @@ class FSDPActor(Worker):
         collocated: Whether the actor shares its devices with the rollout
             (then it takes the device lock around its phases and, on GPUs,
             offloads between them).
+        base_world_size: Online scaling: the ranks that hold the model between
+            training phases (the others join for training only, see
+            :meth:`scale_up`); ``None``: every rank, always.
     """
 
-    def __init__(self, cfg: ReasoningConfig, collocated: bool = False) -> None:
+    def __init__(
+        self, cfg: ReasoningConfig, collocated: bool = False, base_world_size: int | None = None
+    ) -> None:
         super().__init__()
         setup_torch_threads(cfg.cluster.torch_threads)
         self.cfg = cfg
         self.collocated = collocated
+        self._base_world_arg = base_world_size
+        self._grown = False
         self.version = 0
         self.num_syncs = 0
         self._offloaded = False
@@ -117,22 +154,31 @@ class FSDPActor(Worker):
         self.dtype = resolve_dtype(cfg.actor.dtype)
         self.temperature = cfg.algorithm.sampling_params.temperature
         self.ref_model: nn.Module | None = None
-        self._build_models()
-        self.model.train()
-        opt = cfg.actor.optim
-        self.optimizer = self._build_optimizer()
         alg = cfg.algorithm
         self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epochs)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_lambda(opt.lr_scheduler, opt.warmup_steps, self.total_optim_steps, opt.min_lr_ratio),
-        )
         self.loss_fn = get_policy_loss(alg.loss_type)
         self.adv_fn = get_advantage(alg.adv_type)
+        self._setup_scaling()
+        info: dict[str, Any] = {"device": str(self.device), "backend": backend}
+        info["base_world_size"] = self.base_world_size
+        if not self.holds_state:  # an extra rank: idle until scale_up()
+            self._read_model_config()
+            return {"num_params": 0, **info}
+        self._build_models()
+        self.model.train()
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler()
         num_params = sum(p.numel() for p in self.model.parameters())
         if self._offload_enabled:
             self.offload()
-        return {"num_params": num_params, "device": str(self.device), "backend": backend}
+        return {"num_params": num_params, **info}
+
+    def _build_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        opt = self.cfg.actor.optim
+        return torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(opt.lr_scheduler, opt.warmup_steps, self.total_optim_steps, opt.min_lr_ratio),
+        )
 
     def _build_models(self) -> None:
         """Sets ``model``, ``ref_model`` (when KL terms need it) and ``pad_token_id``.
@@ -140,9 +186,13 @@ class FSDPActor(Worker):
         The backend hook of :meth:`init_worker`: here HF models sharded with FSDP2.
         """
         cfg = self.cfg
-        from torch.distributed.device_mesh import init_device_mesh
+        if self.scaling:
+            assert self._base_mesh is not None  # only base ranks build at start
+            self.mesh = self._base_mesh
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+            self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
         self._check_positions(getattr(model.config, "max_position_embeddings", None))
         if cfg.actor.gradient_checkpointing:
@@ -179,6 +229,181 @@ class FSDPActor(Worker):
                 f"model's max_position_embeddings={limit} ({cfg.actor.model_path}); lower them"
             )
 
+    # ------------------------------------------------------------ online scaling
+    def _setup_scaling(self) -> None:
+        """Online scaling: the base ranks' subgroup and both device meshes (all ranks join)."""
+        base = self.world_size if self._base_world_arg is None else self._base_world_arg
+        if not 1 <= base <= self.world_size:
+            raise ValueError(
+                f"base_world_size={base} must be in 1..{self.world_size} (the actor's ranks)"
+            )
+        self.base_world_size = base
+        self.scaling = base < self.world_size
+        self._grown = not self.scaling
+        if not self.scaling:
+            return
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        # new_group and the world mesh are collectives of the default group: every
+        # rank creates them, in the same order, once.
+        group = dist.new_group(list(range(base)))
+        self._world_mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self._base_pg: dist.ProcessGroup | None = None  # None on the extra ranks
+        self._base_mesh: DeviceMesh | None = None
+        if self.rank < base:
+            assert isinstance(group, dist.ProcessGroup)
+            self._base_pg = group
+            self._base_mesh = DeviceMesh.from_group(group, self.device.type)
+
+    @property
+    def holds_state(self) -> bool:
+        """Whether this rank holds the model now (a base rank, or any rank while grown)."""
+        return self._grown or self.rank < self.base_world_size
+
+    def _read_model_config(self) -> None:
+        """An extra rank: the model facts it needs without the weights."""
+        from transformers import AutoConfig
+
+        config: Any = AutoConfig.from_pretrained(str(self.cfg.actor.model_path))
+        self._check_positions(getattr(config, "max_position_embeddings", None))
+        self.pad_token_id = int(getattr(config, "pad_token_id", None) or 0)
+
+    def _require_state(self, method: str) -> None:
+        if not self.holds_state:
+            raise RuntimeError(
+                f"{method}() on extra actor rank {self.rank}: with runner.online_scaling only "
+                f"the base ranks 0..{self.base_world_size - 1} hold the model between training "
+                "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
+            )
+
+    def _gather_train_state(self) -> dict[str, Any] | None:
+        """The full training state on rank 0 (a collective of the ranks holding it); else None."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model = get_model_state_dict(self.model, options=full)
+        optim = None
+        if self.optimizer.state:  # never create state here (see the module docstring)
+            optim = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        if self.rank != 0:
+            return None
+        return {
+            "model": model,
+            "optim": optim,
+            "param_groups": [
+                {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+            ],
+            "scheduler": self.scheduler.state_dict(),
+            "optim_steps": self._optim_steps,
+            "version": self.version,
+            "num_syncs": self.num_syncs,
+        }
+
+    def _load_train_state(self, state: dict[str, Any]) -> None:
+        """Loads a full state from :meth:`_gather_train_state`; each rank keeps its shard."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=opts)
+        if state["optim"] is not None:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=opts)
+        else:
+            self.optimizer.state.clear()
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+        self._optim_steps = int(state["optim_steps"])
+        self.version = int(state["version"])
+        self.num_syncs = int(state["num_syncs"])
+
+    def _broadcast_state(
+        self, state: dict[str, Any] | None, group: dist.ProcessGroup | None
+    ) -> dict[str, Any]:
+        box: list[Any] = [state]
+        dist.broadcast_object_list(box, src=0, group=group)
+        out: dict[str, Any] = box[0]
+        return out
+
+    def scale_up(self) -> dict[str, Any]:
+        """Grows the actor from its base ranks onto every rank (every rank calls it).
+
+        The base ranks' full state is broadcast from rank 0; every rank builds
+        the model sharded over all ranks (FSDP2), keeps its shard of the
+        parameters and AdamW state and rebuilds the optimizer and LR schedule.
+        Afterwards :meth:`run_training` splits the step's groups over all ranks.
+
+        Returns:
+            ``{"seconds", "world_size"}``.
+
+        Raises:
+            RuntimeError: Without online scaling, or when already grown.
+        """
+        if not self.scaling or self._grown:
+            raise RuntimeError(
+                f"scale_up() on actor rank {self.rank}: "
+                + ("runner.online_scaling is off" if not self.scaling else "already grown")
+            )
+        start = time.perf_counter()
+        state = self._gather_train_state() if self.rank < self.base_world_size else None
+        state = self._broadcast_state(state, None)
+        if self.rank < self.base_world_size:  # kept for scale_down
+            self._base_state = (self.model, self.optimizer, self.scheduler)
+        self.mesh = self._world_mesh
+        model = load_causal_lm(self.cfg.actor.model_path, dtype=self.dtype, device=self.device)
+        if self.cfg.actor.gradient_checkpointing:
+            enable: Any = model.gradient_checkpointing_enable
+            enable()
+        self.model = self._shard(model)
+        self.model.train()
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler()
+        self._load_train_state(state)
+        del state
+        self._grown = True
+        return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
+
+    def scale_down(self) -> dict[str, Any]:
+        """Shrinks the actor back to its base ranks (every rank calls it).
+
+        The trained state is gathered to rank 0 and loaded into the base ranks'
+        model and optimizer (broadcast over the base ranks when there are
+        several); the extra ranks drop everything they held.
+
+        Returns:
+            ``{"seconds", "world_size"}`` (the base world size).
+
+        Raises:
+            RuntimeError: Without online scaling, or when not grown.
+        """
+        if not self.scaling or not self._grown:
+            raise RuntimeError(
+                f"scale_down() on actor rank {self.rank}: "
+                + ("runner.online_scaling is off" if not self.scaling else "not grown")
+            )
+        start = time.perf_counter()
+        state = self._gather_train_state()
+        del self.model, self.optimizer, self.scheduler
+        if self.rank < self.base_world_size:
+            if self.base_world_size > 1:
+                state = self._broadcast_state(state, self._base_pg)
+            assert state is not None
+            self.model, self.optimizer, self.scheduler = self._base_state
+            del self._base_state
+            assert self._base_mesh is not None
+            self.mesh = self._base_mesh
+            self._load_train_state(state)
+        del state  # the dropped tensors go with their last reference (no gc.collect: ~0.4 s)
+        self._grown = False
+        return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
+
     # ------------------------------------------------------------ data parallel
     @property
     def dp_rank(self) -> int:
@@ -187,13 +412,16 @@ class FSDPActor(Worker):
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas: each takes an equal share of the step's groups."""
-        return self.world_size
+        """Data-parallel replicas: each takes an equal share of the step's groups.
+
+        With online scaling: every rank while grown, else the base ranks.
+        """
+        return self.world_size if self._grown else self.base_world_size
 
     @property
     def _dp_group(self) -> dist.ProcessGroup | None:
         """The group that all-reduces data-parallel statistics (``None``: the default one)."""
-        return None
+        return None if self._grown else self._base_pg
 
     @property
     def _reports_data(self) -> bool:
@@ -270,6 +498,7 @@ class FSDPActor(Worker):
         Returns:
             ``{"version", "num_buckets", "num_tensors", "bytes", "seconds"}``.
         """
+        self._require_state("sync_model_to_rollout")
         start = time.perf_counter()
         phase = self.device_phase(
             lock=self.collocated,
@@ -316,6 +545,7 @@ class FSDPActor(Worker):
 
     def full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full (gathered) weights as CPU tensors; every rank must call it (tests/tools)."""
+        self._require_state("full_weights")
         was_offloaded = self._offloaded
         self.onload()
         with torch.no_grad():
@@ -366,6 +596,7 @@ class FSDPActor(Worker):
         Returns:
             One list of float32 logprobs per response, in order.
         """
+        self._require_state("recompute_logprobs")
         samples = [s for r in results for s in self._samples(r)]
         return [lp.tolist() for lp in self._no_grad_logprobs(self.model, samples)]
 
@@ -459,6 +690,7 @@ class FSDPActor(Worker):
             RuntimeError: A group without rewards, or generated with weights newer
                 than the actor's.
         """
+        self._require_state("run_training")
         cfg, alg = self.cfg, self.cfg.algorithm
         share = alg.rollout_batch_size // self.dp_size
         per_mb_groups = share // alg.n_minibatches
@@ -741,6 +973,7 @@ class FSDPActor(Worker):
             get_model_state_dict,
         )
 
+        self._require_state("save_checkpoint")
         root = Path(path) / "actor"
         with self.device_phase(lock=False, offload=self._offload_enabled):
             extra = {
@@ -749,7 +982,7 @@ class FSDPActor(Worker):
                 "optim_steps": self._optim_steps,
                 "scheduler": self.scheduler.state_dict(),
             }
-            save_train_state(root, self.model, self.optimizer, extra)
+            save_train_state(root, self.model, self.optimizer, extra, process_group=self._dp_group)
             full = get_model_state_dict(
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
@@ -766,7 +999,7 @@ class FSDPActor(Worker):
                     gen.save_pretrained(hf)
                 tensors = {k: v.contiguous().clone() for k, v in _tensors(full).items()}
                 save_file(tensors, hf / "model.safetensors")
-            dist.barrier()
+            dist.barrier(group=self._dp_group)
 
     def load_checkpoint(self, path: str) -> int:
         """Restores model, optimizer, scheduler and RNG from ``path/actor``.
@@ -780,8 +1013,11 @@ class FSDPActor(Worker):
         Raises:
             FileNotFoundError: If the actor state is missing.
         """
+        self._require_state("load_checkpoint")
         with self.device_phase(lock=False, offload=self._offload_enabled):
-            extra = load_train_state(Path(path) / "actor", self.model, self.optimizer)
+            extra = load_train_state(
+                Path(path) / "actor", self.model, self.optimizer, process_group=self._dp_group
+            )
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = int(extra["version"])
         self._optim_steps = int(extra["optim_steps"])

@@ -1,0 +1,180 @@
+"""Online scaling of the FSDP actor (``runner.online_scaling``).
+
+* exactness (two processes, gloo, no Ray): training steps with the actor grown
+  from 1 to 2 ranks give the same parameters and AdamW state as a static
+  2-rank actor on the same data, while grown and after shrinking back (then
+  only the base rank holds them; the extra rank holds nothing);
+* config: online scaling is refused with the Megatron actor, async GRPO, KL
+  terms and the embodied runner, with errors naming the key;
+* placement: the grown actor's ranks sit on the actor's then the rollout's
+  resources; collocated placement is refused.
+
+The Ray run with a rank killed mid-re-shard is in ``test_online_scaling_ray.py``
+(slow tier); timings are in ``benchmarks/test_online_scaling.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlinf.core.config import ConfigError, validate_config
+from rlinf.reasoning.config import ReasoningConfig
+from rlinf.reasoning.toy_task import make_smoke_task
+from rlinf.sched import ClusterInfo, ScalingError, WorkerError, grown_actor_strategy
+from rlinf.sched.placement import ModelParallelComponentPlacement
+
+RANKS_SCRIPT = Path(__file__).with_name("online_scaling_ranks.py")
+TOL = 1e-6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, dict):
+            worst = max(worst, _max_diff(x, y))
+        elif isinstance(x, torch.Tensor):
+            worst = max(worst, float((x.double() - y.double()).abs().max()))
+        elif isinstance(x, list):
+            assert len(x) == len(y)
+            for u, v in zip(x, y, strict=True):
+                if isinstance(u, dict):
+                    worst = max(worst, _max_diff(u, v))
+                else:
+                    assert u == v, key
+        else:
+            assert x == y, key
+    return worst
+
+
+def test_grown_step_equals_static_two_rank_actor(tmp_path: Path) -> None:
+    task = make_smoke_task(tmp_path / "task")
+    out = tmp_path / "out"
+    out.mkdir()
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RANKS_SCRIPT), str(r), port, str(task), str(out), "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    from safetensors.torch import load_file
+
+    init = load_file(task / "model" / "model.safetensors")
+    for step in range(2):
+        got = torch.load(out / f"step{step}.pt", weights_only=False)
+        moved = max(
+            float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
+        )
+        assert moved > 1e-3  # the steps really changed the weights: the checks have teeth
+        grown = _max_diff(got["grown"], got["static"])
+        shrunk = _max_diff(got["scaled"], got["static"])
+        grown_optim = _max_diff(got["grown_optim"], got["static_optim"])
+        shrunk_optim = _max_diff(got["scaled_optim"], got["static_optim"])
+        print(
+            f"\nstep {step}: |grown - static| params {grown:.2e}, optim {grown_optim:.2e}; "
+            f"after scale-down params {shrunk:.2e}, optim {shrunk_optim:.2e}; "
+            f"scale up/down seconds {got['timings'][-1]}"
+        )
+        assert grown <= TOL and shrunk <= TOL
+        assert grown_optim <= TOL and shrunk_optim <= TOL
+        assert got["static_lr"] == got["scaled_lr"]
+        assert got["static_sched"] == got["scaled_sched"]
+        assert got["optim_steps"][0] == got["optim_steps"][1] == 2 * (step + 1)
+        state = got["scaled_optim"]["state"]
+        assert state and all(float(s["step"]) == 2 * (step + 1) for s in state.values())
+
+
+def _cfg(**sections: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "cluster": {"component_placement": {"actor": 0, "rollout": 1, "reward": 1}},
+        "runner": {
+            "online_scaling": True,
+            "val_before_train": False,
+            "logger": {"logger_backends": []},
+        },
+        "data": {"train_files": ["train.jsonl"]},
+        "algorithm": {"group_size": 4, "rollout_batch_size": 4},
+        "actor": {"model_path": "model", "micro_batch_size": 4},
+    }
+    for key, value in sections.items():
+        base[key] = {**base[key], **value}
+    return base
+
+
+@pytest.mark.parametrize(
+    ("sections", "needle"),
+    [
+        ({"algorithm": {"max_staleness": 1}}, "algorithm.max_staleness"),
+        ({"algorithm": {"kl_beta": 0.1}}, "algorithm.kl_beta"),
+        ({"actor": {"enable_offload": True}}, "actor.enable_offload"),
+    ],
+)
+def test_config_refuses_unsupported_online_scaling(sections: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=r"runner\.online_scaling") as info:
+        validate_config(_cfg(**sections), ReasoningConfig)
+    assert needle in str(info.value)
+    validate_config(_cfg(), ReasoningConfig)  # the plain FSDP setting is fine
+
+
+def test_config_refuses_online_scaling_with_megatron() -> None:
+    from rlinf.reasoning.config import _check_online_scaling
+
+    cfg = validate_config(_cfg(), ReasoningConfig)
+    cfg.actor.__dict__["training_backend"] = "megatron"  # megatron-core may not be installed
+    with pytest.raises(ValueError, match=r"runner.online_scaling.*actor.training_backend"):
+        _check_online_scaling(cfg)
+
+
+def test_embodied_runner_refuses_online_scaling() -> None:
+    from rlinf.embodied.config import EmbodiedRunnerConfig
+
+    with pytest.raises(ValueError, match=r"runner\.online_scaling"):
+        EmbodiedRunnerConfig(online_scaling=True)
+
+
+def _placement(spec: dict[str, Any], slots: int = 2) -> ModelParallelComponentPlacement:
+    info = ClusterInfo.fake(1, cpu_slots_per_node=slots)
+    return ModelParallelComponentPlacement(spec, info)
+
+
+def test_grown_actor_strategy_places_extra_ranks_on_rollout() -> None:
+    placement = _placement({"actor": "0", "rollout": "1-2", "reward": "1-2"}, slots=3)
+    strategy = grown_actor_strategy(placement)
+    assert strategy.hardware_ranks_list == [[0], [1], [2]]
+    with pytest.raises(ValueError, match=r"runner\.online_scaling.*disaggregated"):
+        grown_actor_strategy(_placement({"actor": 0, "rollout": 0, "reward": 0}))
+
+
+def test_scaling_error_names_phase_and_rank() -> None:
+    err = ScalingError("scale_up", "ActorGroup", 1, "died: killed")
+    assert isinstance(err, WorkerError)
+    assert (err.phase, err.group, err.rank) == ("scale_up", "ActorGroup", 1)
+    assert "scale_up" in str(err) and "ActorGroup[rank 1]" in str(err)
