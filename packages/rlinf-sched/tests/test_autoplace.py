@@ -81,6 +81,11 @@ def test_pipelining_overlaps_env_and_policy_on_separate_slots() -> None:
     prof = EmbodiedProfile(env_s=0.25, rollout_s=1.0, actor_s=0.0, slots=2)
     layout = EmbodiedLayout((0, 0), (1, 1), (0, 1), 2)
     assert predict_embodied(prof, layout)["rollout"] == pytest.approx(2.0 + 0.5 / 2)
+    # The pipeline fills and drains once per rollout: one stage of one of K chunk steps.
+    prof = EmbodiedProfile(env_s=0.25, rollout_s=1.0, actor_s=0.0, slots=2, rounds=8)
+    assert predict_embodied(prof, layout)["rollout"] == pytest.approx(2.0 + 0.5 / 16)
+    one_stage = EmbodiedLayout((0, 0), (1, 1), (0, 1), 1)
+    assert predict_embodied(prof, one_stage)["rollout"] == pytest.approx(2.5)
 
 
 def test_handoffs_make_more_stages_cost() -> None:
@@ -135,6 +140,8 @@ def test_profile_refuses_negative_or_nan_costs() -> None:
         ReasoningProfile(rollout_s=1, reward_s=0, inference_s=float("nan"), actor_s=1, slots=1)
     with pytest.raises(ValueError, match="slots=0"):
         EmbodiedProfile(env_s=1.0, rollout_s=0.0, actor_s=0.0, slots=0)
+    with pytest.raises(ValueError, match="rounds=0"):
+        EmbodiedProfile(env_s=1.0, rollout_s=0.0, actor_s=0.0, slots=1, rounds=0)
 
 
 def test_reasoning_model_and_enumeration() -> None:

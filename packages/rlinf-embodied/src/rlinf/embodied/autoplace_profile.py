@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlinf.core.autoplace import AutoPlaceReport
+from rlinf.core.autoplace import AutoPlaceReport, PlacementCandidate
 from rlinf.core.config import ConfigError, validate_config
 from rlinf.core.logging import get_logger
 from rlinf.embodied.config import EmbodiedConfig
@@ -39,6 +39,7 @@ from rlinf.sched.autoplace import (
 )
 
 __all__ = [
+    "apply_candidate",
     "auto_place",
     "candidate_config",
     "collocated_layout",
@@ -48,6 +49,8 @@ __all__ = [
     "profile_embodied",
     "profile_from_config",
     "profile_from_steps",
+    "rank_placements",
+    "rounds_per_rollout",
     "total_envs",
 ]
 
@@ -176,12 +179,25 @@ def measure_steps(runner: EmbodiedRunner, steps: int, warmup: int = 1) -> list[d
     return out
 
 
-def profile_from_steps(records: Sequence[dict[str, float]], slots: int) -> EmbodiedProfile:
+def rounds_per_rollout(cfg: EmbodiedConfig) -> int:
+    """Chunk steps of one training rollout (``max_steps_per_rollout_epoch / num_action_chunks``).
+
+    Falls back to ``env.train.max_episode_steps``, then to 1, when the rollout
+    length is not in the config.
+    """
+    steps = cfg.env.train.max_steps_per_rollout_epoch or cfg.env.train.max_episode_steps or 1
+    return max(1, steps // cfg.actor.model.num_action_chunks)
+
+
+def profile_from_steps(
+    records: Sequence[dict[str, float]], slots: int, rounds: int = 1
+) -> EmbodiedProfile:
     """The cost model's inputs from :func:`measure_steps` of a collocated run (medians).
 
     Args:
         records: Timed steps.
         slots: Slots every component ran on.
+        rounds: Chunk steps per rollout (:func:`rounds_per_rollout`).
 
     Returns:
         The profile: env and policy busy times, the rest of the rollout as
@@ -211,6 +227,7 @@ def profile_from_steps(records: Sequence[dict[str, float]], slots: int) -> Embod
         sync_s=sync,
         handoff_s=max(0.0, generate - env - policy),
         overhead_s=max(0.0, step - generate - actor - sync),
+        rounds=rounds,
     )
 
 
@@ -232,6 +249,7 @@ def profile_from_config(cfg: EmbodiedConfig, slots: int) -> EmbodiedProfile:
         actor_s=data.actor_cost,
         slots=data.slots or slots,
         sync_s=data.sync_cost,
+        rounds=rounds_per_rollout(cfg),
     )
 
 
@@ -274,7 +292,7 @@ def profile_embodied(
         finally:
             for group in reversed(groups):
                 group.shutdown()
-    return profile_from_steps(records, n)
+    return profile_from_steps(records, n, rounds_per_rollout(pcfg))
 
 
 def _refusal(cfg: EmbodiedConfig, envs: int) -> Any:
@@ -318,14 +336,40 @@ def auto_place(
             "(runner.mode: sync) only"
         )
     n = num_slots(cfg, slots)
-    envs = total_envs(cfg, n)
     if cfg.profile_data is not None and not force_profile:
         profile, source = profile_from_config(cfg, n), "profile_data"
     else:
         profile, source = profile_embodied(cfg, steps=profile_steps, slots=n), "profiled"
+    return rank_placements(cfg, profile, source=source, slots=n, max_stages=max_stages)
+
+
+def rank_placements(
+    cfg: EmbodiedConfig,
+    profile: EmbodiedProfile,
+    *,
+    source: str,
+    slots: int,
+    max_stages: int = 4,
+) -> AutoPlaceReport:
+    """Searches the placements of ``cfg`` on ``slots`` slots with ``profile``'s costs.
+
+    Args:
+        cfg: The embodied config (its total train envs are kept).
+        profile: The costs.
+        source: Where they came from (``profile_data`` or ``profiled``).
+        slots: Resource ranks to place on.
+        max_stages: Largest ``rollout.pipeline_stage_num`` tried.
+
+    Returns:
+        The report, fastest predicted placement first.
+
+    Raises:
+        ValueError: No placement passes the config's rules.
+    """
+    envs = total_envs(cfg, slots)
     candidates, skipped = search_embodied(
         profile,
-        n,
+        slots,
         max_stages=max_stages,
         overrides=lambda layout: {"env.train.num_envs": envs // layout.size("env")},
         refuse=_refusal(cfg, envs),
@@ -340,5 +384,23 @@ def auto_place(
         "handoff_cost": profile.handoff_s,
         "overhead_cost": profile.overhead_s,
         "slots": float(profile.slots),
+        "rounds": float(profile.rounds),
     }
-    return AutoPlaceReport(candidates, report_profile, source, n, skipped)
+    return AutoPlaceReport(candidates, report_profile, source, slots, skipped)
+
+
+def apply_candidate(cfg: EmbodiedConfig, candidate: PlacementCandidate) -> EmbodiedConfig:
+    """``cfg`` with a candidate's ``component_placement`` and dotted overrides applied.
+
+    Returns:
+        The validated config.
+    """
+    data: dict[str, Any] = cfg.model_dump(mode="json")
+    data["cluster"]["component_placement"] = dict(candidate.placement)
+    for key, value in candidate.overrides.items():
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return validate_config(data, EmbodiedConfig)

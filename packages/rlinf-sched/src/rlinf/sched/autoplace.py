@@ -21,11 +21,13 @@ of the model (keep them in mind when reading its numbers):
   their times add up. Pipelining env and policy on the *same* slots therefore
   gains nothing, and collocated placements are enumerated with one stage.
 * **Pipelining** (embodied, ``rollout.pipeline_stage_num = S``), env and
-  rollout on disjoint slots: one rollout takes about
-  ``max(T_env, T_pol) + min(T_env, T_pol) / S``: the two overlap except for the
-  fill and drain of one stage (``S = 1`` gives the sum, as in
-  :mod:`rlinf.embodied.pipelining`). Each stage adds the hand-offs measured in
-  the profile (``handoff_s`` per stage).
+  rollout on disjoint slots: with one stage they take turns (``T_env + T_pol``);
+  with ``S >= 2`` stages the env steps one stage while the policy acts on
+  another, so one rollout of ``K`` chunk steps takes about
+  ``max(T_env, T_pol) + min(T_env, T_pol) / (S * K)``: the shorter side hides
+  behind the longer except for the fill and drain of one stage of one chunk
+  step (as in :mod:`rlinf.embodied.pipelining`). Each stage adds the hand-offs
+  measured in the profile (``handoff_s`` per stage).
 * **Synchronous training.** The actor trains after the rollout in every
   placement: in sync mode its training overlaps nothing, disaggregated or not.
   Weight sync (``sync_s``, measured) and the rest of the step (``overhead_s``:
@@ -134,6 +136,8 @@ class EmbodiedProfile:
         sync_s: Weight sync actor -> rollout.
         handoff_s: Rest of the rollout with one stage (channel hand-offs, wake-ups).
         overhead_s: Rest of the step (driver, metrics).
+        rounds: Chunk steps per rollout (``max_steps_per_rollout_epoch /
+            num_action_chunks``): the pipeline fills and drains once per rollout.
     """
 
     env_s: float
@@ -143,6 +147,7 @@ class EmbodiedProfile:
     sync_s: float = 0.0
     handoff_s: float = 0.0
     overhead_s: float = 0.0
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         _check_costs(
@@ -156,6 +161,8 @@ class EmbodiedProfile:
             },
             self.slots,
         )
+        if self.rounds < 1:
+            raise ValueError(f"profile rounds={self.rounds!r}: a rollout has >= 1 chunk step")
 
 
 @dataclass(frozen=True)
@@ -251,11 +258,12 @@ def predict_embodied(profile: EmbodiedProfile, layout: EmbodiedLayout) -> dict[s
     t_pol = profile.rollout_s * work / layout.size("rollout")
     env = set(range(layout.env[0], layout.env[1] + 1))
     rollout = set(range(layout.rollout[0], layout.rollout[1] + 1))
-    if env & rollout:  # take turns on the shared slots; stages cannot overlap them
-        generate = t_env + t_pol + profile.handoff_s * layout.stages
-    else:
-        s = layout.stages
-        generate = max(t_env, t_pol) + min(t_env, t_pol) / s + profile.handoff_s * s
+    s = layout.stages
+    if env & rollout or s == 1:  # take turns (on shared slots stages cannot overlap them)
+        generate = t_env + t_pol + profile.handoff_s * s
+    else:  # overlap, but for one stage of one chunk step (fill and drain)
+        generate = max(t_env, t_pol) + min(t_env, t_pol) / (s * profile.rounds)
+        generate += profile.handoff_s * s
     train = profile.actor_s * work / layout.size("actor")
     terms = {
         "rollout": generate,
