@@ -158,3 +158,14 @@ def test_auto_place_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert _auto_place(capsys, str(CARTPOLE), "--top", "0")[0] == 2
     code, _, err = _auto_place(capsys, str(CARTPOLE), EMBODIED_COSTS, "--slots", "0")
     assert code == 1 and "--slots 0" in err
+
+
+def test_overrides_may_follow_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _auto_place(capsys, str(CARTPOLE), "--top", "1", EMBODIED_COSTS)
+    assert code == 0, err
+    assert "costs from profile_data" in out
+    from rlinf.core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["auto-place", str(CARTPOLE), "--top", "1", "--bogus=1"])
+    assert "unrecognized arguments: --bogus=1" in capsys.readouterr().err

@@ -239,7 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``rlinf`` command line and returns its exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Overrides may come after options (FILE --top 3 KEY=VALUE); argparse leaves those over.
+    args, extra = parser.parse_known_args(argv)
+    takes = hasattr(args, "overrides")
+    stray = [a for a in extra if not (takes and not a.startswith("-") and _looks_like_override(a))]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     code: int = args.func(args)
     return code
 
