@@ -117,3 +117,12 @@ def test_real_profiling_on_cartpole(tmp_path: Path) -> None:
     assert [c.placement for c in report.candidates] == [{"actor,env,rollout": "0"}]
     times = [c.predicted_step_s for c in report.candidates]
     assert times == sorted(times) and times[0] > 0
+
+
+def test_profiling_names_the_rule_the_collocated_run_breaks(tmp_path: Path) -> None:
+    """Refused before any cluster starts: 2 actor ranks need global_batch_size % 1024 == 0."""
+    cfg = _cfg(tmp_path, "actor.micro_batch_size=512")
+    with pytest.raises(ValueError, match="collocated on all 2 slot") as info:
+        auto_place(cfg, force_profile=True)
+    assert "actor.global_batch_size" in str(info.value)
+    assert "profile_data" in str(info.value)

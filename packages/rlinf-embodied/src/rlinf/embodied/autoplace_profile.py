@@ -254,9 +254,15 @@ def profile_from_config(cfg: EmbodiedConfig, slots: int) -> EmbodiedProfile:
 
 
 def _profiling_config(cfg: EmbodiedConfig, slots: int) -> EmbodiedConfig:
-    data: dict[str, Any] = candidate_config(
-        cfg, collocated_layout(slots), total_envs(cfg, slots)
-    ).model_dump(mode="json")
+    try:
+        data: dict[str, Any] = candidate_config(
+            cfg, collocated_layout(slots), total_envs(cfg, slots)
+        ).model_dump(mode="json")
+    except (ConfigError, ValueError) as err:
+        raise ValueError(
+            f"profiling runs every component collocated on all {slots} slot(s), which the "
+            f"config's rules refuse: {err}; change that key, or give profile_data"
+        ) from err
     data["runner"]["resume_dir"] = None
     data["runner"]["logger"]["log_path"] = tempfile.mkdtemp(prefix="rlinf-autoplace-")
     data["runner"]["logger"]["logger_backends"] = []

@@ -139,7 +139,13 @@ def profile_reasoning(cfg: ReasoningConfig, *, steps: int = 3, slots: int) -> Re
     from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 
     layout = ReasoningLayout((0, slots - 1), (0, slots - 1))
-    data: dict[str, Any] = candidate_config(cfg, layout).model_dump(mode="json")
+    try:
+        data: dict[str, Any] = candidate_config(cfg, layout).model_dump(mode="json")
+    except (ConfigError, ValueError) as err:
+        raise ValueError(
+            f"profiling runs actor, rollout and reward collocated on all {slots} slot(s), "
+            f"which the config's rules refuse: {err}; change that key, or give profile_data"
+        ) from err
     data["runner"]["resume_dir"] = None
     data["runner"]["val_before_train"] = False
     data["runner"]["val_check_interval"] = -1
