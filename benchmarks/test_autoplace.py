@@ -286,9 +286,10 @@ def test_autoplace_choice_and_predictions(
         for name in candidates
     }
     for name in candidates:
+        predicted = candidates[name].predicted_step_s
         print(
-            f"  {name:45s} predicted {candidates[name].predicted_step_s:.3f} s, "
-            f"measured {measured[name]:.3f} s, error {errors[name]:+.0%}"
+            f"  {name:45s} predicted {predicted:.3f} s, measured {measured[name]:.3f} s, "
+            f"error {(predicted - measured[name]) / measured[name]:+.0%}"
         )
     worst = max(errors, key=lambda n: errors[n])
     record_ratio(
