@@ -1,4 +1,4 @@
-"""The ``rlinf`` command line: versions and config checks.
+"""The ``rlinf`` command line: versions, config checks and auto placement.
 
 Examples:
     rlinf version
@@ -6,6 +6,7 @@ Examples:
     rlinf check-config --config-path examples/quickstart/config --config-name demo --schema core
     rlinf check-config --schema embodied examples/embodiment/config/cartpole_ppo_mlp.yaml
     rlinf check-config --schema reasoning examples/reasoning/config/toy_grpo_cpu.yaml
+    rlinf auto-place --config-path examples/embodiment/config --config-name cartpole_ppo_mlp
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 PACKAGES = ("rlinf-core", "rlinf-sched", "rlinf-embodied", "rlinf-reasoning")
 
@@ -54,24 +56,33 @@ def _looks_like_override(arg: str) -> bool:
     return "=" in arg or arg.startswith("~")
 
 
-def _cmd_check_config(args: argparse.Namespace) -> int:
-    from rlinf.core.config import (
-        ConfigError,
-        available_schemas,
-        dump_config,
-        load_config,
-        load_config_file,
-    )
-
+def _config_source(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The overrides, and a usage error (or None) for FILE / --config-path / --config-name."""
     overrides = list(args.overrides)
     if args.file is not None and _looks_like_override(args.file):
         overrides.insert(0, args.file)
         args.file = None
     if args.file is not None and (args.config_path or args.config_name):
-        print("error: give either FILE or --config-path/--config-name, not both", file=sys.stderr)
-        return 2
+        return overrides, "give either FILE or --config-path/--config-name, not both"
     if args.file is None and args.config_name is None:
-        print("error: give a config FILE or --config-name (see --help)", file=sys.stderr)
+        return overrides, "give a config FILE or --config-name (see --help)"
+    return overrides, None
+
+
+def _load(args: argparse.Namespace, overrides: list[str], schema: type[Any]) -> Any:
+    from rlinf.core.config import load_config, load_config_file
+
+    if args.file is not None:
+        return load_config_file(args.file, overrides, schema=schema)
+    return load_config(args.config_name, args.config_path or ".", overrides, schema=schema)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from rlinf.core.config import ConfigError, available_schemas, dump_config
+
+    overrides, usage = _config_source(args)
+    if usage is not None:
+        print(f"error: {usage}", file=sys.stderr)
         return 2
     schemas = available_schemas()
     if args.schema not in schemas:
@@ -85,12 +96,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     _print_versions()
     source = args.file if args.file is not None else args.config_name
     try:
-        if args.file is not None:
-            cfg = load_config_file(args.file, overrides, schema=schemas[args.schema])
-        else:
-            cfg = load_config(
-                args.config_name, args.config_path or ".", overrides, schema=schemas[args.schema]
-            )
+        cfg = _load(args, overrides, schemas[args.schema])
     except ConfigError as err:
         print(f"\n{err}", file=sys.stderr)
         return 1
@@ -100,11 +106,58 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_auto_place(args: argparse.Namespace) -> int:
+    from rlinf.core.autoplace import available_autoplacers, format_report, report_to_json
+    from rlinf.core.config import ConfigError, available_schemas
+
+    overrides, usage = _config_source(args)
+    if usage is not None:
+        print(f"error: {usage}", file=sys.stderr)
+        return 2
+    if args.top is not None and args.top < 1:
+        print(f"error: --top {args.top}: show at least 1 placement", file=sys.stderr)
+        return 2
+    placers, schemas = available_autoplacers(), available_schemas()
+    names = [args.schema] if args.schema is not None else sorted(placers)
+    for name in names:
+        if name not in placers or name not in schemas:
+            print(
+                f"error: --schema {name!r} has no auto placer; choose one of: "
+                f"{', '.join(sorted(set(placers) & set(schemas))) or 'none installed'} "
+                "(install rlinf-embodied or rlinf-reasoning)",
+                file=sys.stderr,
+            )
+            return 2
+    cfg, errors, schema = None, [], ""
+    for name in names:  # without --schema: the first stack whose schema accepts the config
+        try:
+            cfg, schema = _load(args, overrides, schemas[name]), name
+            break
+        except ConfigError as err:
+            errors.append(f"as a{'n' if name[0] in 'aeiou' else ''} {name} config:\n{err}")
+    if cfg is None:
+        print("\n\n".join(errors), file=sys.stderr)
+        return 1
+    try:
+        report = placers[schema]()(
+            cfg,
+            profile_steps=args.profile_steps,
+            force_profile=args.profile,
+            max_stages=args.max_stages,
+            slots=args.slots,
+        )
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(report_to_json(report, args.top) if args.json else format_report(report, args.top))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the ``rlinf`` argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
         prog="rlinf",
-        description="RLinf command line: show versions, validate configs.",
+        description="RLinf command line: show versions, validate configs, search placements.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -131,13 +184,69 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_check.add_argument("--print", action="store_true", help="print the validated config as YAML")
     p_check.set_defaults(func=_cmd_check_config)
+
+    p_auto = sub.add_parser(
+        "auto-place",
+        help="profile the components and print the fastest cluster.component_placement",
+        description=(
+            "Measure what each component costs per training step (a few steps with every "
+            "component collocated on all slots, on the real cluster; or the config's "
+            "profile_data), predict the step time of collocated, hybrid and disaggregated "
+            "placements (splits, group sizes, rollout.pipeline_stage_num) with a cost model "
+            "that accounts for pipelining and weight sync, and print them fastest first. "
+            "See docs/scheduling.md. Exit 0 on success, 1 if the config or the search fails, "
+            "2 on usage errors."
+        ),
+    )
+    p_auto.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
+    p_auto.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
+    p_auto.add_argument("--config-path", help="folder that holds the configs")
+    p_auto.add_argument("--config-name", help="config name inside --config-path, without .yaml")
+    p_auto.add_argument(
+        "--schema",
+        default=None,
+        help="stack of the config: embodied or reasoning (entry points 'rlinf.autoplace'); "
+        "default: the first whose schema accepts the config",
+    )
+    p_auto.add_argument(
+        "--top", type=int, default=5, help="show the N fastest placements (default: 5)"
+    )
+    p_auto.add_argument("--json", action="store_true", help="print the report as JSON")
+    p_auto.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the components even if the config has profile_data",
+    )
+    p_auto.add_argument(
+        "--profile-steps", type=int, default=3, help="timed steps when profiling (default: 3)"
+    )
+    p_auto.add_argument(
+        "--max-stages",
+        type=int,
+        default=4,
+        help="largest rollout.pipeline_stage_num tried, embodied (default: 4)",
+    )
+    p_auto.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="resource ranks (GPUs or CPU slots) to place on (default: the config's cluster)",
+    )
+    p_auto.set_defaults(func=_cmd_auto_place)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``rlinf`` command line and returns its exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Overrides may come after options (FILE --top 3 KEY=VALUE); argparse leaves those over.
+    args, extra = parser.parse_known_args(argv)
+    takes = hasattr(args, "overrides")
+    stray = [a for a in extra if not (takes and not a.startswith("-") and _looks_like_override(a))]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     code: int = args.func(args)
     return code
 

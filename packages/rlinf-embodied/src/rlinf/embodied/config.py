@@ -17,6 +17,8 @@ Sections (``examples/embodiment/config/*.yaml`` show all of them)::
     rollout:    pipeline_stage_num, enable_offload, adaptive_stages
     actor:      model (a PolicyConfig), optim, global_batch_size, micro_batch_size, seed,
                 enable_offload, dist_backend
+    profile_data: (optional) measured seconds per step for ``rlinf auto-place``:
+                env_cost, rollout_cost, actor_cost, sync_cost, slots
 
 Every cross-field rule raises an error that starts with the dotted key it is about,
 shows the values and says how to fix it (``rlinf.core.config`` turns it into a
@@ -51,6 +53,7 @@ __all__ = [
     "EmbodiedRunnerConfig",
     "EnvSplitConfig",
     "OptimConfig",
+    "ProfileDataConfig",
     "RolloutConfig",
     "import_plugins",
 ]
@@ -364,6 +367,26 @@ class ActorConfig(RLinfModel):
     )
 
 
+class ProfileDataConfig(RLinfModel):
+    """Measured costs for ``rlinf auto-place`` (``profile_data``), instead of profiling.
+
+    Seconds per training step of each component with every component on the
+    same ``slots`` resource ranks (a collocated run), e.g. read from the
+    ``time/*`` metrics of such a run: ``env_cost`` from ``time/env_chunk_steps``,
+    ``rollout_cost`` from ``time/policy_calls``, ``actor_cost`` from
+    ``time/cal_adv_and_returns`` + ``time/actor_training``, ``sync_cost`` from
+    ``time/sync_weights``.
+    """
+
+    env_cost: float = Field(..., ge=0, description="Env stepping per step (s).")
+    rollout_cost: float = Field(..., ge=0, description="Policy calls per step (s).")
+    actor_cost: float = Field(..., ge=0, description="Advantages and training per step (s).")
+    sync_cost: float = Field(0.0, ge=0, description="Weight sync actor -> rollout (s).")
+    slots: int | None = Field(
+        None, ge=1, description="Resource ranks the costs were measured on; null: all of them."
+    )
+
+
 class EmbodiedConfig(RLinfModel):
     """Top-level schema of an embodied run (the ``embodied`` config schema)."""
 
@@ -373,6 +396,9 @@ class EmbodiedConfig(RLinfModel):
     env: EmbodiedEnvConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
     actor: ActorConfig
+    profile_data: ProfileDataConfig | None = Field(
+        None, description="Measured costs for rlinf auto-place (instead of profiling)."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -16,6 +16,8 @@ Sections (``examples/reasoning/config/*.yaml`` show all of them)::
                 model_path, tokenizer_path, dtype, micro_batch_size, recompute_logprobs,
                 optim (lr, schedule, clip_grad), sync_bucket_mb, enable_offload, dist_backend
     reward:     reward_type, reward_scale, timeout_s, num_workers (RewardConfig)
+    profile_data: (optional) measured seconds per step for ``rlinf auto-place``:
+                rollout_cost, inference_cost, actor_cost, reward_cost, sync_cost, slots
 
 Every cross-field rule raises an error that starts with the dotted key it is
 about, shows the values and says how to fix it. Model paths are *not* checked
@@ -44,6 +46,7 @@ __all__ = [
     "ActorModelConfig",
     "AlgorithmConfig",
     "OptimConfig",
+    "ProfileDataConfig",
     "ReasoningClusterConfig",
     "ReasoningConfig",
     "ReasoningRunnerConfig",
@@ -483,6 +486,27 @@ class ActorConfig(RLinfModel):
         return self.model.tensor_model_parallel_size * self.model.pipeline_model_parallel_size
 
 
+class ProfileDataConfig(RLinfModel):
+    """Measured costs for ``rlinf auto-place`` (``profile_data``), instead of profiling.
+
+    Seconds per GRPO step of each component with actor, rollout and reward on
+    the same ``slots`` resource ranks (a collocated run), e.g. read from its
+    ``time/*`` metrics: ``rollout_cost`` from ``time/rollout``,
+    ``inference_cost`` from ``time/actor/inference``, ``actor_cost`` from
+    ``time/actor/training``, ``reward_cost`` from ``time/reward``,
+    ``sync_cost`` from ``time/sync_weights``.
+    """
+
+    rollout_cost: float = Field(..., ge=0, description="Generation per step (s).")
+    inference_cost: float = Field(..., ge=0, description="Logprob recomputation per step (s).")
+    actor_cost: float = Field(..., ge=0, description="Training per step (s).")
+    reward_cost: float = Field(0.0, ge=0, description="Scoring per step (s).")
+    sync_cost: float = Field(0.0, ge=0, description="Weight sync actor -> rollout (s).")
+    slots: int | None = Field(
+        None, ge=1, description="Resource ranks the costs were measured on; null: all of them."
+    )
+
+
 class ReasoningConfig(RLinfModel):
     """Top-level schema of a reasoning run (the ``reasoning`` config schema)."""
 
@@ -493,6 +517,9 @@ class ReasoningConfig(RLinfModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
     actor: ActorConfig
     reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
+    profile_data: ProfileDataConfig | None = Field(
+        None, description="Measured costs for rlinf auto-place (instead of profiling)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ReasoningConfig:
