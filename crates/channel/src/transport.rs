@@ -131,8 +131,8 @@ const NO_UCX_BUILD: &str = "this build of rlinf-channel has no UCX support: it w
 ///   this host has an RDMA device ([`rdma_device_present`]); else TCP (per
 ///   connection), silently. Without RDMA hardware UCX would run over TCP or
 ///   shared memory, where our own TCP backend is faster (docs/channel.md) and
-///   UCX 1.13 can abort a home whose peer dies mid-transfer: choose `ucx`
-///   explicitly to use it there.
+///   UCX (1.13, and 1.22.0 still) can abort a home whose peer dies
+///   mid-transfer over tcp: choose `ucx` explicitly to use it there.
 ///
 /// # Errors
 /// An invalid value (the error names the variable, the value and the
