@@ -152,3 +152,20 @@ def test_bad_names_and_calls(cluster) -> None:
         group.times(1)
     with pytest.raises(AttributeError, match="Echo has no method 'nope'"):
         group.nope  # noqa: B018
+
+
+def test_master_port_is_free_and_outside_the_ephemeral_range() -> None:
+    """A group's MASTER_PORT can't be taken by a bind-to-port-0 before rank 0 binds it."""
+    import socket
+
+    from rlinf.sched.worker.group import _free_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_start = int(f.read().split()[0])
+    ports = {_free_port() for _ in range(20)}
+    for port in ports:
+        if ephemeral_start > 20001:
+            assert 20000 <= port < ephemeral_start, port
+        with socket.socket() as sock:
+            sock.bind(("", port))  # still free
+    assert len(ports) > 1  # random, not one fixed port

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -473,35 +472,61 @@ def _unlink_segment(channel: str) -> None:
         os.unlink(os.path.join("/dev/shm", segment_name(default_namespace(), channel)))
 
 
+_RAY_WORKER_PORTS_END = 19999
+"""Last port of Ray's default worker port range (``--max-worker-port``)."""
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    """A port free on this node, outside the kernel's ephemeral range when possible.
+
+    ``MASTER_PORT`` is chosen when a group launches but bound by rank 0's
+    process-group store only at its first ``init_worker``, which may be minutes
+    later. A port from the ephemeral range (what ``bind(("", 0))`` returns) can
+    be taken in between by any socket bound to port 0 on the node: gloo's pair
+    listeners of another group did exactly that in a test run (EADDRINUSE on
+    rank 0; rank 1 pinged a gloo socket). The kernel never hands out ports
+    below ``ip_local_port_range``, so a random free port between Ray's worker
+    ports and that range can only collide with another explicit choice. Falls
+    back to an ephemeral port when that band is empty. Self-contained (imports
+    inside), so a Ray task can run it on another node.
+    """
+    import random
+    import socket as socket_module
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_start = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768
+    low, high = _RAY_WORKER_PORTS_END + 1, ephemeral_start - 1
+    rng = random.SystemRandom()
+    for _ in range(64 if high > low else 0):
+        port = rng.randint(low, high)
+        with socket_module.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket_module.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def _free_port_on(node: NodeInfo, timeout: float) -> int:
-    """A port that is free on the node of rank 0 (``MASTER_PORT``).
+    """A port that is free on the node of rank 0 (``MASTER_PORT``): see :func:`_free_port`.
 
-    On the driver's node (or in fakes without a node id) the driver binds port 0
+    On the driver's node (or in fakes without a node id) the driver probes
     itself; on another node a small task pinned there does, so the port is
-    checked where the process group's store will listen. The task is
-    self-contained (only :mod:`socket`) and runs with the node's interpreter
-    and environment, like the workers.
+    checked where the process group's store will listen. The task runs with the
+    node's interpreter and environment, like the workers.
     """
     if not node.ray_node_id or node.ray_node_id == ray.get_runtime_context().get_node_id():
         return _free_port()
-
-    def probe() -> int:
-        import socket as socket_module
-
-        with socket_module.socket() as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
-
     runtime_env: dict[str, Any] = {"env_vars": dict(node.env_vars)}
     if node.python_interpreter_path:
         runtime_env["py_executable"] = node.python_interpreter_path
-    task = ray.remote(num_cpus=0)(probe).options(
+    task = ray.remote(num_cpus=0)(_free_port).options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_node_id, soft=False),
         runtime_env=runtime_env,
     )
