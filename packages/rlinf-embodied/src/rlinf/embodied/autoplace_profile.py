@@ -35,6 +35,7 @@ from rlinf.sched.autoplace import (
     EmbodiedProfile,
     component_world_size,
     config_slots,
+    refusal_from,
     search_embodied,
 )
 
@@ -301,17 +302,6 @@ def profile_embodied(
     return profile_from_steps(records, n, rounds_per_rollout(pcfg))
 
 
-def _refusal(cfg: EmbodiedConfig, envs: int) -> Any:
-    def refuse(layout: EmbodiedLayout) -> str | None:
-        try:
-            candidate_config(cfg, layout, envs)
-        except (ConfigError, ValueError) as err:
-            return " ".join(str(err).split())
-        return None
-
-    return refuse
-
-
 def auto_place(
     cfg: EmbodiedConfig,
     *,
@@ -378,7 +368,7 @@ def rank_placements(
         slots,
         max_stages=max_stages,
         overrides=lambda layout: {"env.train.num_envs": envs // layout.size("env")},
-        refuse=_refusal(cfg, envs),
+        refuse=refusal_from(lambda layout: candidate_config(cfg, layout, envs)),
     )
     if not candidates:
         raise ValueError("no placement passes the config's rules:\n  " + "\n  ".join(skipped))

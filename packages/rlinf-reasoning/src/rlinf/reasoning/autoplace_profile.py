@@ -31,6 +31,7 @@ from rlinf.sched.autoplace import (
     ReasoningLayout,
     ReasoningProfile,
     config_slots,
+    refusal_from,
     search_reasoning,
 )
 
@@ -170,17 +171,6 @@ def profile_reasoning(cfg: ReasoningConfig, *, steps: int = 3, slots: int) -> Re
     return profile_from_metrics(records, slots, stream_units(pcfg))
 
 
-def _refusal(cfg: ReasoningConfig) -> Any:
-    def refuse(layout: ReasoningLayout) -> str | None:
-        try:
-            candidate_config(cfg, layout)
-        except (ConfigError, ValueError) as err:
-            return " ".join(str(err).split())
-        return None
-
-    return refuse
-
-
 def auto_place(
     cfg: ReasoningConfig,
     *,
@@ -216,7 +206,9 @@ def auto_place(
         profile, source = profile_from_config(cfg, n), "profile_data"
     else:
         profile, source = profile_reasoning(cfg, steps=profile_steps, slots=n), "profiled"
-    candidates, skipped = search_reasoning(profile, n, refuse=_refusal(cfg))
+    candidates, skipped = search_reasoning(
+        profile, n, refuse=refusal_from(lambda layout: candidate_config(cfg, layout))
+    )
     if not candidates:
         raise ValueError("no placement passes the config's rules:\n  " + "\n  ".join(skipped))
     report_profile = {

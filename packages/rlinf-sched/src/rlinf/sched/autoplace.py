@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rlinf.core.autoplace import PlacementCandidate
 from rlinf.sched.placement.grammar import parse_component_placement, parse_rank_map
@@ -58,9 +58,34 @@ __all__ = [
     "predict_embodied",
     "predict_reasoning",
     "rank_map",
+    "refusal_from",
     "search_embodied",
     "search_reasoning",
 ]
+
+
+_Layout = TypeVar("_Layout")
+
+
+def refusal_from(build: Callable[[_Layout], object]) -> Callable[[_Layout], str | None]:
+    """A search's ``refuse`` argument from a stack's candidate-config builder.
+
+    Args:
+        build: Builds and validates the config of a layout; raises ``ValueError``
+            (``ConfigError`` included) when the stack's rules refuse it.
+
+    Returns:
+        A function giving the builder's error on one line, or None if the layout passes.
+    """
+
+    def refuse(layout: _Layout) -> str | None:
+        try:
+            build(layout)
+        except ValueError as err:
+            return " ".join(str(err).split())
+        return None
+
+    return refuse
 
 
 def rank_map(first: int, last: int) -> str:
