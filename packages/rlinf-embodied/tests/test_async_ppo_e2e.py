@@ -6,7 +6,8 @@
   and resume from a checkpoint of that run;
 * stale batches are dropped: a runner that withholds the weight syncs (the
   rollout keeps generating with version 0) makes the actor drop every batch
-  older than ``max_staleness``; the versions it trains on never are;
+  older than ``max_staleness``; the versions it trains on never are; the same
+  with GRPO (``loss_type: actor``, no critic) and ``max_staleness`` 2;
 * slow: the example config in async mode reaches eval return 475.
 
 The groups are launched once and reused (``init_workers`` rebuilds every worker's
@@ -44,9 +45,11 @@ SMALL = [
 ]
 
 
-def make_config(tmp_path: Path, name: str, overrides: Sequence[str] = ()) -> EmbodiedConfig:
+def make_config(
+    tmp_path: Path, name: str, overrides: Sequence[str] = (), config_name: str = "cartpole_ppo_mlp"
+) -> EmbodiedConfig:
     data = compose_config(
-        "cartpole_ppo_mlp",
+        config_name,
         CONFIG_DIR,
         [f"runner.logger.log_path={tmp_path}", f"runner.logger.experiment_name={name}", *overrides],
     )
@@ -171,6 +174,38 @@ def test_batches_older_than_max_staleness_are_dropped(
     assert dropped >= 1
     assert scalars(tb_dir, "rollout/dropped_batches")[4] == float(dropped)
     assert max(scalars(tb_dir, "rollout/staleness_max").values()) <= 1.0
+
+
+def test_async_grpo_with_max_staleness_two_trains_two_behind_then_drops(
+    groups: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """GRPO (actor loss, no critic) with k = 2: version-0 batches train at steps 0-2, then drop."""
+    actor, rollout, env = groups
+    # The GRPO example has no runner.mode / max_staleness keys: "+" adds them.
+    overrides = [
+        *("+runner.mode=async" if o == "runner.mode=async" else o for o in SMALL),
+        "env.train.max_episode_steps=32",
+        "+algorithm.max_staleness=2",
+        "rollout.pipeline_stage_num=1",
+        "runner.max_epochs=5",
+        "runner.save_interval=-1",
+    ]
+    cfg = make_config(tmp_path, "grpo-stale", overrides, config_name="cartpole_grpo_mlp")
+    assert cfg.algorithm.loss_type == "actor"
+    with WithheldSyncs(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.run()
+        tb_dir = runner.tensorboard_dir
+        trained = runner.trained_versions
+        dropped = runner.dropped_batches
+    # The rollout keeps version 0: 0, 1 and 2 steps behind are within k = 2; 3 is not.
+    assert trained[:3] == [(0, 0), (1, 0), (2, 0)], trained
+    assert [step for step, _ in trained] == [0, 1, 2, 3, 4]
+    assert all(step - version <= 2 for step, version in trained), trained
+    assert dropped >= 1
+    assert max(scalars(tb_dir, "rollout/staleness_max").values()) == 2.0
+    assert set(scalars(tb_dir, "train/actor/policy_loss")) == {1, 2, 3, 4, 5}
+    assert "train/actor/value_loss" not in EventAccumulator(str(tb_dir)).Reload().Tags()["scalars"]
 
 
 @pytest.mark.slow
