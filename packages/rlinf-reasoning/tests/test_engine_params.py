@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -110,3 +111,78 @@ def test_vllm_without_vllm_installed_names_the_extra_and_the_test_command(tmp_pa
     assert "uv run --project tests/engines/vllm pytest tests/engines/vllm" in str(info.value)
     with pytest.raises(FileNotFoundError, match=r"rollout\.model_path"):
         VLLMEngine(tmp_path / "missing")
+
+
+def _samplings(train: dict[str, Any], val: dict[str, Any] | None = None) -> dict[str, Any]:
+    from rlinf.reasoning.config import AlgorithmConfig
+
+    algorithm = AlgorithmConfig.model_validate(
+        {"sampling_params": train, **({"val_sampling_params": val} if val is not None else {})}
+    )
+    return algorithm.sampling_by_key
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "mode"),
+    [
+        ({}, None, "raw_logprobs"),  # temperature 1, greedy eval
+        ({"top_k": 8, "top_p": 0.9}, None, "raw_logprobs"),  # T = 1 with filtering
+        ({"temperature": 0.7}, {"temperature": 1.2}, "processed_logprobs"),
+        ({"temperature": 0.7}, {"temperature": 1.0}, "processed_logprobs"),
+        ({"temperature": 0.7}, {"temperature": 1.0, "top_k": 1}, "processed_logprobs"),
+    ],
+)
+def test_vllm_logprobs_mode_is_the_one_that_reports_the_actors_value(
+    train: dict[str, Any], val: dict[str, Any] | None, mode: str
+) -> None:
+    from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
+
+    assert vllm_logprobs_mode(_samplings(train, val)) == mode
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "names"),
+    [
+        (
+            {"temperature": 0.7, "top_p": 0.9},
+            {"temperature": 0.7},
+            ["algorithm.sampling_params (temperature=0.7, top_k=-1, top_p=0.9)", "top_p: 1.0"],
+        ),
+        (
+            {"temperature": 0.7},
+            {"temperature": 0.7, "top_k": 20},
+            ["algorithm.val_sampling_params (temperature=0.7, top_k=20", "top_k: -1"],
+        ),
+        (  # each fits a different mode: no single engine serves both
+            {"top_k": 8},
+            {"temperature": 0.5},
+            [
+                "temperature other than 1 in algorithm.val_sampling_params",
+                "top-k/top-p filtering in algorithm.sampling_params",
+                "rollout.engine: hf",
+            ],
+        ),
+        (  # the default evaluation: greedy at the training temperature
+            {"temperature": 0.7},
+            None,
+            [
+                "algorithm.val_sampling_params (temperature=0.7, top_k=1, top_p=1.0)",
+                "for greedy decoding in algorithm.val_sampling_params set temperature: 1.0",
+            ],
+        ),
+        (
+            {"top_p": 0.9},
+            {"temperature": 0.5, "top_k": 1},
+            ["for greedy decoding in algorithm.val_sampling_params set temperature: 1.0"],
+        ),
+    ],
+)
+def test_vllm_logprobs_mode_refuses_what_vllm_cannot_report(
+    train: dict[str, Any], val: dict[str, Any] | None, names: list[str]
+) -> None:
+    from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
+
+    with pytest.raises(ValueError) as info:
+        vllm_logprobs_mode(_samplings(train, val))
+    for name in names:
+        assert name in str(info.value)

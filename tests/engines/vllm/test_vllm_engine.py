@@ -34,6 +34,7 @@ import torch
 from rlinf.reasoning.engines import SamplingParams, create_engine
 from rlinf.reasoning.engines.hf import HFEngine
 from rlinf.reasoning.engines.vllm_engine import VLLMEngine
+from rlinf.reasoning.models import token_logprobs_from_logits
 from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
 
 PROMPTS = [[1, 5, 6, 7], [1, 9, 12], [1, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1, 20]]
@@ -71,13 +72,15 @@ def greedy(max_new_tokens: int = 24) -> SamplingParams:
     return SamplingParams(top_k=1, max_new_tokens=max_new_tokens)
 
 
-def actor_logprobs(model: torch.nn.Module, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """``log_softmax(logits)[token]`` of each output token, as the actor computes it."""
+def actor_logprobs(
+    model: torch.nn.Module, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """``log_softmax(logits / T)[token]`` of each output token, as the actor computes it."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
+        logits = model(input_ids=ids).logits[0]
     steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(output)]
-    return torch.log_softmax(steps, dim=-1).gather(1, torch.tensor(output)[:, None])[:, 0]
+    return token_logprobs_from_logits(steps, torch.tensor(output), temperature)
 
 
 def test_greedy_outputs_equal_the_hf_engine(engine: VLLMEngine, model_dir: Path) -> None:
@@ -145,10 +148,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def fresh_engine_outputs(model_dir: Path) -> dict[str, Any]:
-    """Greedy and sampled outputs of a fresh engine on ``model_dir``, in a new process."""
+def child_result(script: str, model_dir: Path) -> dict[str, Any]:
+    """Runs ``script`` (which prints ``RESULT <json>``) in a new process: one engine each."""
     proc = subprocess.run(
-        [sys.executable, "-c", _FRESH, str(model_dir), str(MAX_LEN), json.dumps(PROMPTS)],
+        [sys.executable, "-c", script, str(model_dir), str(MAX_LEN), json.dumps(PROMPTS)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -173,7 +176,7 @@ def test_weight_sync_by_buckets_equals_a_fresh_engine(engine: VLLMEngine, tmp_pa
     loaded = [engine.load_weights(bucket, version=7) for bucket in buckets]
     engine.finish_weight_sync()
     assert sum(loaded) == len(named) and engine.version == 7
-    fresh = fresh_engine_outputs(new_dir)  # another process: one vLLM engine per process
+    fresh = child_result(_FRESH, new_dir)  # another process: one vLLM engine per process
     for kind, params in (("greedy", greedy()), ("sampled", SAMPLED)):
         ours = engine.generate(PROMPTS, 2, params)
         assert [o.output_ids for o in ours] == fresh[kind]["ids"]
@@ -203,25 +206,103 @@ def test_a_sync_that_leaves_a_fused_group_incomplete_is_rejected(
         engine.load_weights([], version=11)
 
 
-def test_temperature_other_than_one_is_refused_by_name(engine: VLLMEngine) -> None:
-    with pytest.raises(ValueError, match=r"temperature=0\.7.*algorithm\.sampling_params"):
+def test_a_raw_logprobs_engine_refuses_sampling_at_other_temperatures(
+    engine: VLLMEngine,
+) -> None:
+    assert engine.logprobs_mode == "raw_logprobs"
+    with pytest.raises(ValueError, match=r"temperature=0\.7.*'raw_logprobs'.*processed_logprobs"):
         engine.generate(PROMPTS, 1, SamplingParams(temperature=0.7))
     with pytest.raises(ValueError, match="n must be"):
         engine.generate(PROMPTS, 0, greedy())
+    # vLLM's greedy logprobs are at temperature 1: greedy at 0.7 is refused too.
+    with pytest.raises(ValueError, match=r"temperature=0\.7"):
+        engine.generate(PROMPTS, 1, replace(greedy(), temperature=0.7))
+
+
+TEMPERATURE = 0.7
+
+_PROCESSED = f"""
+import json, sys
+from rlinf.reasoning.engines import SamplingParams
+from rlinf.reasoning.engines.vllm_engine import VLLMEngine
+engine = VLLMEngine(sys.argv[1], max_model_len=int(sys.argv[2]), logprobs_mode="processed_logprobs")
+prompts = json.loads(sys.argv[3])
+out = {{}}
+for kind, n, params in (
+    ("sampled", 4, SamplingParams(temperature={TEMPERATURE}, max_new_tokens=32, seed=3)),
+    ("greedy", 2, SamplingParams(top_k=1, max_new_tokens=24)),
+):
+    res = engine.generate(prompts, n, params)
+    out[kind] = {{"index": [[o.prompt_index, o.sample_index] for o in res],
+                 "ids": [o.output_ids for o in res], "logprobs": [o.logprobs for o in res]}}
+for kind, params in (
+    ("filtered", SamplingParams(temperature={TEMPERATURE}, top_p=0.9)),
+    ("cold_greedy", SamplingParams(temperature={TEMPERATURE}, top_k=1)),
+):
+    try:
+        engine.generate(prompts, 1, params)
+        out[kind] = None
+    except ValueError as exc:
+        out[kind] = str(exc)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_processed_logprobs_at_temperature_0_7_agree_with_the_actors_recomputation(
+    model_dir: Path,
+) -> None:
+    hf = HFEngine(model_dir, dtype="float32", device="cpu")
+    got = child_result(_PROCESSED, model_dir)  # another process: one vLLM engine per process
+    sampled = got["sampled"]
+    assert sampled["index"] == [[i, j] for i in range(len(PROMPTS)) for j in range(4)]
+    assert len({tuple(ids) for ids in sampled["ids"]}) > len(PROMPTS)  # it sampled
+    worst = untempered = 0.0
+    for (i, _), ids, lps in zip(sampled["index"], sampled["ids"], sampled["logprobs"], strict=True):
+        assert len(lps) == len(ids) >= 1
+        reported = torch.tensor(lps)
+        want = actor_logprobs(hf.model, PROMPTS[i], ids, TEMPERATURE)
+        worst = max(worst, float((reported - want).abs().max()))
+        at_one = actor_logprobs(hf.model, PROMPTS[i], ids)
+        untempered = max(untempered, float((reported - at_one).abs().max()))
+    assert worst <= 1e-4, worst
+    assert untempered > 1e-2  # the temperature is in the reported numbers
+    # Greedy at temperature 1 is unaffected: the HF engine's tokens and logprobs, n times.
+    greedy_hf = hf.generate(PROMPTS, 1, greedy())
+    assert got["greedy"]["index"] == [[i, j] for i in range(len(PROMPTS)) for j in range(2)]
+    assert got["greedy"]["ids"] == [o.output_ids for o in greedy_hf for _ in range(2)]
+    twice = [o for o in greedy_hf for _ in range(2)]
+    for lps, want in zip(got["greedy"]["logprobs"], twice, strict=True):
+        assert torch.allclose(torch.tensor(lps), torch.tensor(want.logprobs), atol=1e-4)
+    for kind, text in (("filtered", "top_p=0.9"), ("cold_greedy", "top_k=1")):
+        assert got[kind] is not None and text in got[kind], kind
+        assert "'processed_logprobs'" in got[kind]
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "key"),
+    ("algorithm", "names"),
     [
-        ({"sampling_params": {"temperature": 0.7}}, "algorithm.sampling_params.temperature"),
         (
-            {"val_sampling_params": {"temperature": 0.5, "top_k": 1}},
-            "algorithm.val_sampling_params.temperature",
+            {
+                "sampling_params": {"temperature": 0.7, "top_p": 0.9},
+                "val_sampling_params": {"temperature": 0.7},
+            },
+            ["algorithm.sampling_params (temperature=0.7, top_k=-1, top_p=0.9)", "top_p: 1.0"],
+        ),
+        (  # the default evaluation: greedy at the training temperature
+            {"sampling_params": {"temperature": 0.7}},
+            ["for greedy decoding in algorithm.val_sampling_params set temperature: 1.0"],
+        ),
+        (
+            {"sampling_params": {"top_k": 8}, "val_sampling_params": {"temperature": 0.5}},
+            [
+                "temperature other than 1 in algorithm.val_sampling_params",
+                "top-k/top-p filtering in algorithm.sampling_params",
+            ],
         ),
     ],
 )
-def test_a_vllm_config_with_temperature_other_than_one_fails_at_load(
-    tmp_path: Path, algorithm: dict[str, Any], key: str
+def test_a_vllm_config_that_no_logprobs_mode_fits_fails_at_load(
+    tmp_path: Path, algorithm: dict[str, Any], names: list[str]
 ) -> None:
     from rlinf.core.config import ConfigError, validate_config
     from rlinf.reasoning.config import ReasoningConfig
@@ -233,12 +314,20 @@ def test_a_vllm_config_with_temperature_other_than_one_fails_at_load(
         },
         "data": {"train_files": [str(tmp_path / "t.jsonl")], "max_prompt_length": 16},
         "runner": {"max_steps": 1, "val_check_interval": -1, "val_before_train": False},
-        "algorithm": {"group_size": 4, "rollout_batch_size": 4, **algorithm},
+        "algorithm": {"group_size": 4, "rollout_batch_size": 4},
         "actor": {"model_path": str(tmp_path), "micro_batch_size": 4},
         "rollout": {"engine": "vllm"},
     }
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_config(data, ReasoningConfig)
+    loads = {
+        "sampling_params": {"temperature": 0.7},
+        "val_sampling_params": {"temperature": 1.0, "top_k": 1},  # greedy eval
+    }
+    ok = validate_config({**data, "algorithm": {**data["algorithm"], **loads}}, ReasoningConfig)
+    assert ok.algorithm.sampling_params.temperature == 0.7
+    with pytest.raises(ConfigError) as info:
+        validate_config({**data, "algorithm": {**data["algorithm"], **algorithm}}, ReasoningConfig)
+    for name in names:
+        assert name in str(info.value)
 
 
 def test_heads_narrower_than_32_dims_are_refused_on_cpu(tmp_path: Path) -> None:

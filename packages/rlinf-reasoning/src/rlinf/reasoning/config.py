@@ -242,6 +242,14 @@ class AlgorithmConfig(RLinfModel):
         return self.sampling_params.model_copy(update={"top_k": 1, "top_p": 1.0})
 
     @property
+    def sampling_by_key(self) -> dict[str, SamplingConfig]:
+        """Every sampling of the run by its config key (training, then evaluation)."""
+        return {
+            "algorithm.sampling_params": self.sampling_params,
+            "algorithm.val_sampling_params": self.eval_sampling,
+        }
+
+    @property
     def is_async(self) -> bool:
         """Whether the run is asynchronous GRPO (``max_staleness`` > 0)."""
         return self.max_staleness > 0
@@ -576,16 +584,9 @@ class ReasoningConfig(RLinfModel):
                 "algorithm.importance_sampling_fix: false"
             )
         if self.rollout.engine == "vllm":
-            for key, sampling in (
-                ("algorithm.sampling_params", alg.sampling_params),
-                ("algorithm.val_sampling_params", alg.eval_sampling),
-            ):
-                if sampling.temperature != 1.0:
-                    raise ValueError(
-                        f"{key}.temperature={sampling.temperature}: rollout.engine: vllm "
-                        "reports logprobs at temperature 1 only (vLLM has no pre-filter "
-                        "tempered logprobs); set it to 1.0, or use rollout.engine: hf"
-                    )
+            from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
+
+            vllm_logprobs_mode(alg.sampling_by_key)  # one vLLM logprobs_mode must fit them all
         if actor.training_backend == "megatron" and actor.gradient_checkpointing:
             raise ValueError(
                 "actor.gradient_checkpointing=true is not implemented for "

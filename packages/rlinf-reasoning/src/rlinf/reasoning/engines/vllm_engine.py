@@ -5,13 +5,35 @@ What it does, and where it differs from the Hugging Face engine:
 * **Generation** goes through ``LLM.generate`` with token-id prompts; ``n``
   samples per prompt come back prompt-major. Stop tokens (the model's EOS and
   ``stop_token_ids``) end a sample and are part of ``output_ids``.
-* **Logprobs** are vLLM's ``raw_logprobs`` of the sampled token:
-  ``log_softmax(logits)[token]`` before any temperature or top-k/top-p, which
-  is exactly the actor's convention (:mod:`rlinf.reasoning.models.logprobs`)
-  at temperature 1. vLLM has no mode that gives ``log_softmax(logits / T)``
-  before filtering, so ``generate`` refuses a temperature other than 1 with an
-  error naming ``algorithm.sampling_params.temperature``, at config load and in
-  ``generate`` (the HF engine supports any).
+* **Logprobs** follow the actor's convention
+  (:mod:`rlinf.reasoning.models.logprobs`): ``log_softmax(logits / T)[token]``
+  before top-k/top-p. vLLM reports them in one of its ``logprobs_mode`` values,
+  fixed when the engine starts. What they hold, read from vLLM 0.32's source
+  (``vllm/v1/sample/sampler.py`` and ``ops/topk_topp_sampler.py``, the V1
+  model runner's sampler, which the CPU build runs; the V2 runner's
+  ``v1/worker/gpu/sample/sampler.py``, the GPU default, has the same stages:
+  processors and penalties, temperature, min-p, top-k/top-p; unchecked here):
+
+  - ``raw_logprobs``: ``log_softmax(logits)`` of the model's output, before
+    penalties, temperature and top-k/top-p: the actor's value at temperature 1,
+    with any top-k/top-p.
+  - ``processed_logprobs``: ``log_softmax`` after (in order) logit bias, bad
+    words, penalties, temperature, min-p and top-k/top-p masking. The engine
+    sets no bias, bad words, penalty or min-p, so without top-k/top-p this is
+    ``log_softmax(logits / T)``: the actor's value at any temperature.
+  - Greedy decoding (``top_k=1``) is sent as vLLM's own greedy (temperature
+    0) under ``processed_logprobs``; vLLM then skips temperature and
+    filtering, so its logprobs are ``log_softmax(logits)``, the actor's value
+    at temperature 1 (``top_k=1`` would give 0.0, the top-1 distribution).
+
+  :func:`vllm_logprobs_mode` picks the mode from the run's sampling configs
+  (``raw_logprobs`` when every one has temperature 1, else
+  ``processed_logprobs`` when none filters, greedy at temperature 1 allowed)
+  and refuses the rest at config load, naming the keys: a temperature other
+  than 1 together with top-k/top-p, including greedy decoding (evaluation's
+  default, greedy at the training temperature: set
+  ``algorithm.val_sampling_params: {temperature: 1.0, top_k: 1}``).
+  ``generate`` refuses parameters the engine's mode cannot report.
 * **Weight updates** use vLLM's in-place reload (``collective_rpc`` to the
   worker's ``reload_weights`` with a weights iterator). On the CPU build,
   vLLM prepacks linear weights, so ``model.load_weights`` alone would be
@@ -38,9 +60,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, cast, get_args
 
 import torch
 
@@ -48,7 +70,7 @@ from rlinf.core.logging import get_logger
 from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, SamplingParams
 from rlinf.reasoning.models.loading import checkpoint_weight_names
 
-__all__ = ["FUSED_GROUPS", "VLLMEngine"]
+__all__ = ["FUSED_GROUPS", "LogprobsMode", "VLLMEngine", "vllm_logprobs_mode"]
 
 _log = get_logger("rlinf.reasoning.engines.vllm")
 
@@ -64,6 +86,91 @@ _CPU_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 _MEMBER = re.compile(r"^(?P<prefix>.*\.)(?P<module>self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.")
+
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+"""The vLLM ``logprobs_mode`` values the engine starts with (see the module docstring)."""
+
+
+class _Sampling(Protocol):
+    """What :func:`vllm_logprobs_mode` reads: a ``SamplingConfig`` or ``SamplingParams``."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+
+
+def _filters(sampling: _Sampling) -> bool:
+    """Whether ``sampling`` truncates the distribution (any top-k, greedy included, or top-p)."""
+    return sampling.top_k > 0 or sampling.top_p < 1.0
+
+
+def _fits(sampling: _Sampling, mode: LogprobsMode) -> bool:
+    """Whether an engine in ``mode`` reports ``sampling``'s logprobs as the actor computes them.
+
+    ``raw_logprobs``: at temperature 1 only. ``processed_logprobs``: without
+    top-k/top-p, or greedy at temperature 1 (sent as vLLM's own greedy,
+    temperature 0, whose processed logprobs skip temperature and filtering).
+    """
+    if mode == "raw_logprobs":
+        return sampling.temperature == 1.0
+    return not _filters(sampling) or (sampling.top_k == 1 and sampling.temperature == 1.0)
+
+
+def _describe(key: str, sampling: _Sampling) -> str:
+    return (
+        f"{key} (temperature={sampling.temperature}, top_k={sampling.top_k}, "
+        f"top_p={sampling.top_p})"
+    )
+
+
+def vllm_logprobs_mode(samplings: Mapping[str, _Sampling]) -> LogprobsMode:
+    """The vLLM ``logprobs_mode`` that reports every config's logprobs as the actor does.
+
+    The actor's value is ``log_softmax(logits / T)[token]`` before top-k/top-p.
+    vLLM's ``raw_logprobs`` equal it at temperature 1 (any filtering);
+    ``processed_logprobs`` equal it without top-k/top-p filtering (any
+    temperature) and for greedy decoding at temperature 1. One engine has one
+    mode, so every config must fit the same one; ``raw_logprobs`` is preferred
+    when both fit. Greedy decoding (``top_k == 1``) at another temperature fits
+    neither: vLLM's greedy logprobs are taken at temperature 1.
+
+    Args:
+        samplings: Config key -> sampling parameters (``temperature``,
+            ``top_k``, ``top_p``), e.g. ``{"algorithm.sampling_params": ...}``.
+
+    Returns:
+        ``"raw_logprobs"`` or ``"processed_logprobs"``.
+
+    Raises:
+        ValueError: No mode fits them all; names the keys, their values and the fix.
+    """
+    for mode in get_args(LogprobsMode):
+        if all(_fits(s, mode) for s in samplings.values()):
+            return cast("LogprobsMode", mode)
+    tempered = [k for k, s in samplings.items() if not _fits(s, "raw_logprobs")]
+    filtered = [k for k, s in samplings.items() if not _fits(s, "processed_logprobs")]
+    greedy = [k for k in filtered if samplings[k].top_k == 1]
+    hint = (
+        f"; for greedy decoding in {' and '.join(greedy)} set temperature: 1.0 there (the "
+        "same argmax tokens; evaluation without val_sampling_params is greedy at "
+        "algorithm.sampling_params' temperature)"
+        if greedy
+        else ""
+    )
+    raise ValueError(
+        "rollout.engine: vllm cannot report the actor's logprobs (log_softmax(logits / T) "
+        f"before top-k/top-p) for {'; '.join(_describe(k, samplings[k]) for k in samplings)}: "
+        "vLLM's raw_logprobs hold at temperature 1 only, its processed_logprobs are taken "
+        "after top-k/top-p filtering (its greedy ones at temperature 1), and one engine has "
+        f"one mode (temperature other than 1 in {' and '.join(tempered)}; top-k/top-p "
+        f"filtering in {' and '.join(filtered)}). Set temperature: 1.0 in "
+        f"{' and '.join(tempered)}, or top_k: -1 and top_p: 1.0 in {' and '.join(filtered)}, "
+        f"or use rollout.engine: hf (any combination){hint}"
+    )
 
 
 _GroupKey = tuple[str, str, str]
@@ -108,12 +215,17 @@ class VLLMEngine:
         seed: The engine's base seed (requests with a seed use their own).
         gpu_memory_utilization: Share of GPU memory vLLM may take (GPU only).
         enforce_eager: Skip CUDA graphs (faster start-up, slower decode on GPU).
+        logprobs_mode: vLLM's ``logprobs_mode``; pick it with
+            :func:`vllm_logprobs_mode` from every sampling config the engine
+            will serve (the rollout worker does). ``raw_logprobs`` serves
+            temperature 1, ``processed_logprobs`` serves no top-k/top-p.
 
     Raises:
         FileNotFoundError: ``model_path`` is not a model directory.
         ValueError: On vLLM's CPU build, attention heads of fewer than 32 dims (its CPU
             attention has no kernel for them: 16 failed at the first generation, 32 works).
         ImportError: vLLM is not installed (the message names the extra).
+        ValueError: An unknown ``logprobs_mode``.
     """
 
     weights_readable = False
@@ -130,7 +242,13 @@ class VLLMEngine:
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
     ) -> None:
+        if logprobs_mode not in get_args(LogprobsMode):
+            raise ValueError(
+                f"logprobs_mode={logprobs_mode!r} is not one of {get_args(LogprobsMode)}; pick "
+                "it with vllm_logprobs_mode(...) from the run's sampling configs"
+            )
         path = Path(model_path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -160,7 +278,7 @@ class VLLMEngine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "seed": seed,
             "enforce_eager": enforce_eager,
-            "logprobs_mode": "raw_logprobs",
+            "logprobs_mode": logprobs_mode,
             "gpu_memory_utilization": gpu_memory_utilization,
         }
         if max_model_len is not None:
@@ -176,6 +294,7 @@ class VLLMEngine:
                 "rollout.engine: hf"
             ) from exc
         self._vllm = vllm
+        self.logprobs_mode: LogprobsMode = logprobs_mode
         self.version = 0
         self._offloaded = False
         self._pending: dict[_GroupKey, dict[str, torch.Tensor]] = {}
@@ -294,29 +413,29 @@ class VLLMEngine:
         Args:
             prompt_ids: Unpadded token-id prompts.
             n: Samples per prompt.
-            params: Sampling parameters (temperature must be 1; see the module docstring).
+            params: Sampling parameters that :attr:`logprobs_mode` can report (see
+                :func:`vllm_logprobs_mode`; greedy ``top_k=1`` always can).
 
         Returns:
             ``len(prompt_ids) * n`` outputs.
 
         Raises:
-            ValueError: Bad prompts or ``n``, or a temperature other than 1.
+            ValueError: Bad prompts or ``n``, or parameters whose logprobs the engine's
+                ``logprobs_mode`` cannot report as the actor computes them.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         prompts = [list(map(int, p)) for p in prompt_ids]
         if not prompts or any(not p for p in prompts):
             raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
-        if params.temperature != 1.0:
-            raise ValueError(
-                f"temperature={params.temperature}: the vLLM engine reports "
-                "logprobs at temperature 1 only (vLLM has no pre-filter tempered logprobs); "
-                "set algorithm.sampling_params.temperature (and val_sampling_params) to 1.0, or "
-                "use rollout.engine: hf"
-            )
+        self._check_reportable(params)
+        # Greedy under processed_logprobs: vLLM's own greedy (temperature 0), whose logprobs
+        # are log_softmax(logits); top_k=1 would report 0.0 (the top-1 distribution). vLLM
+        # takes n=1 only for it: the n samples are one argmax continuation, repeated.
+        native_greedy = params.is_greedy and self.logprobs_mode == "processed_logprobs"
         vllm_params = self._vllm.SamplingParams(
-            n=n,
-            temperature=1.0,
+            n=1 if native_greedy else n,
+            temperature=0.0 if native_greedy else params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k_enabled else -1,
             max_tokens=params.max_new_tokens,
@@ -330,7 +449,8 @@ class VLLMEngine:
         results = self.llm.generate(requests, vllm_params, use_tqdm=False)
         outputs: list[GenerationOutput] = []
         for i, result in enumerate(results):
-            for j, sample in enumerate(sorted(result.outputs, key=lambda o: o.index)):
+            samples = sorted(result.outputs, key=lambda o: o.index)
+            for j, sample in enumerate(samples * n if native_greedy else samples):
                 ids = [int(t) for t in sample.token_ids]
                 steps = zip(sample.logprobs, ids, strict=True)
                 logprobs = [float(step[t].logprob) for step, t in steps]
@@ -338,8 +458,31 @@ class VLLMEngine:
                 outputs.append(GenerationOutput(i, j, ids, reason, logprobs))
         return outputs
 
+    def _check_reportable(self, params: SamplingParams) -> None:
+        """Refuses ``params`` whose sampled-token logprobs the engine's mode gets wrong."""
+        if _fits(params, self.logprobs_mode):
+            return
+        if self.logprobs_mode == "raw_logprobs":
+            raise ValueError(
+                f"temperature={params.temperature}: this vLLM engine started with "
+                "logprobs_mode='raw_logprobs', which reports logprobs at temperature 1 only; "
+                "a run whose algorithm.sampling_params (and val_sampling_params) have no "
+                "top-k/top-p starts it with 'processed_logprobs' (vllm_logprobs_mode), or set "
+                "the temperature to 1.0, or use rollout.engine: hf"
+            )
+        raise ValueError(
+            f"temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p}: "
+            "this vLLM engine started with logprobs_mode='processed_logprobs', whose "
+            "logprobs are taken after top-k/top-p filtering (the actor's are before) and, "
+            "for greedy decoding, at temperature 1; set top_k: -1 and top_p: 1.0 (greedy: "
+            "temperature: 1.0) in algorithm.sampling_params / val_sampling_params, or "
+            "temperature: 1.0 everywhere (then the engine starts with 'raw_logprobs'), or "
+            "use rollout.engine: hf"
+        )
+
     def __repr__(self) -> str:
         return (
             f"VLLMEngine(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
-            f"version={self.version}, offloaded={self._offloaded})"
+            f"logprobs_mode={self.logprobs_mode!r}, version={self.version}, "
+            f"offloaded={self._offloaded})"
         )

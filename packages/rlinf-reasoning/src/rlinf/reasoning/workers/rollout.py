@@ -35,6 +35,7 @@ from rlinf.core.seeding import derive_seed
 from rlinf.core.weight_sync import WeightBucket, check_complete, receive_weights
 from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
 from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
+from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
 from rlinf.reasoning.workers.common import (
     load_tokenizer,
     setup_torch_threads,
@@ -96,6 +97,8 @@ class RolloutWorker(Worker):
         if typed is not None:  # the engine's own sub-section (rollout.vllm, rollout.sglang)
             options.update(typed.model_dump())
             options["seed"] = derive_seed(cfg.runner.seed, "rollout", self.rank) % 2**31
+        if cfg.rollout.engine == "vllm":  # the one mode that reports every sampling's logprobs
+            options["logprobs_mode"] = vllm_logprobs_mode(cfg.algorithm.sampling_by_key)
         self.engine = create_engine(
             cfg.rollout.engine,
             model_path=cfg.rollout_model_path,
