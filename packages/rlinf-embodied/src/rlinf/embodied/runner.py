@@ -23,6 +23,18 @@ channels), :meth:`~EmbodiedRunner.compute_advantages_and_returns`,
 ``runner.val_check_interval`` steps, a checkpoint every ``runner.save_interval``
 steps under ``log_path/experiment_name/checkpoints/global_step_N/``, and the
 step's metrics (``train/ eval/ env/ rollout/ time/``) to the metric backends.
+
+With ``runner.online_scaling`` (sync PPO/GRPO; the actor group launched by
+:func:`~rlinf.embodied.autoplace_profile.launch_embodied_groups` with extra ranks
+on the rollout's resources) the rollout's trajectories go to every actor rank;
+then the actor grows onto all ranks
+(:meth:`~rlinf.embodied.workers.EmbodiedFSDPActor.scale_up`), computes
+advantages and trains there, and shrinks back
+(:meth:`~rlinf.embodied.workers.EmbodiedFSDPActor.scale_down`) before the next
+weight sync. Weight sync and checkpoints use the base ranks. Logged:
+``time/scale_up``, ``time/scale_down``, ``actor/world_size_generate`` and
+``actor/world_size_train``; a rank failing while re-sharding raises
+:class:`rlinf.sched.ScalingError` (see docs/online_scaling.md).
 """
 
 from __future__ import annotations
