@@ -141,3 +141,11 @@ def test_launch_places_extra_actor_ranks_on_the_rollout() -> None:
     odd = _cfg(None, "actor.global_batch_size=32", "actor.micro_batch_size=32")
     with pytest.raises(ValueError, match=r"online_scaling=true trains on 2 actor ranks"):
         embodied_actor_strategy(odd, placement)
+
+
+def test_runner_config_refuses_online_scaling_in_async_mode() -> None:
+    from rlinf.embodied.config import EmbodiedRunnerConfig
+
+    with pytest.raises(ValueError, match=r"runner\.online_scaling=true .* runner\.mode='async'"):
+        EmbodiedRunnerConfig(online_scaling=True, mode="async")
+    assert EmbodiedRunnerConfig(online_scaling=True).online_scaling  # sync: allowed

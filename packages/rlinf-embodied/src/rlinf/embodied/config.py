@@ -138,6 +138,16 @@ class EmbodiedRunnerConfig(RunnerConfig):
         "actor.enable_offload: true.",
     )
 
+    @model_validator(mode="after")
+    def _check_online_scaling(self) -> EmbodiedRunnerConfig:
+        if self.online_scaling and self.mode != "sync":
+            raise ValueError(
+                f"runner.online_scaling=true works with sync PPO/GRPO only (the actor grows "
+                f"while the rollout idles between rollouts), but runner.mode={self.mode!r} "
+                "(async PPO/GRPO or SAC); set runner.mode: sync or runner.online_scaling: false"
+            )
+        return self
+
     plugin_modules: list[str] = Field(
         default_factory=list,
         description="Modules or .py files every process imports first (custom envs/policies).",
@@ -550,15 +560,7 @@ class EmbodiedConfig(RLinfModel):
         return cfg.num_envs // self.rollout.pipeline_stage_num
 
     def _check_online_scaling(self) -> None:
-        """What ``runner.online_scaling: true`` does not support, refused by key."""
-        if self.runner.mode != "sync" or self.algorithm.loss_type == "sac":
-            raise ValueError(
-                f"runner.online_scaling=true works with sync PPO/GRPO only (the actor grows "
-                f"while the rollout idles between rollouts), but runner.mode="
-                f"{self.runner.mode!r}, algorithm.loss_type={self.algorithm.loss_type!r}; set "
-                "runner.mode: sync with loss_type actor_critic / actor, or "
-                "runner.online_scaling: false"
-            )
+        """What ``runner.online_scaling: true`` does not support beyond the runner's keys."""
         if self.actor.enable_offload:
             raise ValueError(
                 "runner.online_scaling=true does not support actor.enable_offload=true (the "
