@@ -26,6 +26,7 @@ from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrup
 from rlinf.core.logging import setup_logging
 from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
+from rlinf.embodied.autoplace_profile import embodied_actor_strategy
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import (
@@ -76,14 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"cannot place the run on this cluster: {exc}", file=sys.stderr)
             return 2
+        # With runner.online_scaling the actor also gets ranks on the rollout's resources.
+        try:
+            actor_strategy, actor_args = embodied_actor_strategy(cfg, placement)
+        except ValueError as exc:
+            print(f"cannot place the run on this cluster: {exc}", file=sys.stderr)
+            return 2
         # The three groups start at once; if one fails, none is left running.
         launched = launch_groups(
             cluster,
             {
-                "ActorGroup": (
-                    actor_cls.create_group(cfg),
-                    placement.get_strategy("actor"),
-                ),
+                "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
                 "RolloutGroup": (
                     MultiStepRolloutWorker.create_group(cfg),
                     placement.get_strategy("rollout"),

@@ -29,7 +29,13 @@ from rlinf.core.config import ConfigError, validate_config
 from rlinf.core.logging import get_logger
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
-from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
+from rlinf.sched import (
+    Cluster,
+    HybridComponentPlacement,
+    WorkerGroup,
+    grown_actor_strategy,
+    launch_groups,
+)
 from rlinf.sched.autoplace import (
     EmbodiedLayout,
     EmbodiedProfile,
@@ -38,12 +44,14 @@ from rlinf.sched.autoplace import (
     refusal_from,
     search_embodied,
 )
+from rlinf.sched.placement import PlacementStrategy
 
 __all__ = [
     "apply_candidate",
     "auto_place",
     "candidate_config",
     "collocated_layout",
+    "embodied_actor_strategy",
     "launch_embodied_groups",
     "measure_steps",
     "num_slots",
@@ -112,10 +120,51 @@ def candidate_config(cfg: EmbodiedConfig, layout: EmbodiedLayout, envs: int) -> 
     return out
 
 
+def embodied_actor_strategy(
+    cfg: EmbodiedConfig, placement: HybridComponentPlacement
+) -> tuple[PlacementStrategy, dict[str, Any]]:
+    """Where the actor group's ranks go, and the extra constructor arguments of its class.
+
+    Without online scaling: the placement's actor strategy and no arguments. With
+    ``runner.online_scaling``: :func:`rlinf.sched.grown_actor_strategy` (base ranks
+    on the actor's resources, extra ranks on the rollout's) and
+    ``{"base_world_size": <actor resources>}``.
+
+    Args:
+        cfg: The validated config.
+        placement: The run's placement.
+
+    Returns:
+        ``(strategy, kwargs)`` for ``EmbodiedFSDPActor.create_group(cfg, **kwargs)``.
+
+    Raises:
+        ValueError: Online scaling with actor and rollout on shared resources, or
+            world sizes the grown actor cannot split the rollout over (the message
+            names the key).
+    """
+    if not cfg.runner.online_scaling:
+        return placement.get_strategy("actor"), {}
+    strategy = grown_actor_strategy(placement, "actor", "rollout")
+    grown = len(strategy.hardware_ranks_list)
+    env = placement.get_world_size("env")
+    rollout = placement.get_world_size("rollout")
+    try:
+        cfg.check_world_sizes(actor=grown, env=env, rollout=rollout)
+    except ValueError as err:
+        raise ValueError(
+            f"runner.online_scaling=true trains on {grown} actor ranks (actor + rollout "
+            f"resources), so each rollout is split over {grown}: {err}"
+        ) from err
+    return strategy, {"base_world_size": placement.get_world_size("actor")}
+
+
 def launch_embodied_groups(
     cluster: Cluster, cfg: EmbodiedConfig, prefix: str = "autoplace"
 ) -> list[WorkerGroup]:
     """Launches actor, rollout and env groups on ``cfg``'s placement (all or none).
+
+    With ``runner.online_scaling`` the actor group also gets extra ranks on the
+    rollout's resources (:func:`embodied_actor_strategy`).
 
     Returns:
         ``[actor, rollout, env]``.
@@ -123,12 +172,13 @@ def launch_embodied_groups(
     from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 
     placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+    actor_strategy, actor_args = embodied_actor_strategy(cfg, placement)
     launched = launch_groups(
         cluster,
         {
             f"{prefix}-actor": (
-                EmbodiedFSDPActor.create_group(cfg),
-                placement.get_strategy("actor"),
+                EmbodiedFSDPActor.create_group(cfg, **actor_args),
+                actor_strategy,
             ),
             f"{prefix}-rollout": (
                 MultiStepRolloutWorker.create_group(cfg),

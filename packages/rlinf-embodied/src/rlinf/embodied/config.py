@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rlinf.core.config import ConfigError, ConfigIssue, RLinfModel, RunnerConfig
 from rlinf.core.config.errors import NO_VALUE
@@ -130,19 +130,23 @@ class EmbodiedRunnerConfig(RunnerConfig):
     )
     online_scaling: bool = Field(
         False,
-        description="Not implemented for the embodied runners (reasoning FSDP actor only, "
-        "see docs/online_scaling.md); must stay false.",
+        description="Sync PPO/GRPO in disaggregated placement (actor and rollout on "
+        "different resources): after each rollout the actor grows onto the rollout's "
+        "resources for the training phase and shrinks back before the next one (FSDP2 "
+        "state re-sharded in memory; see docs/online_scaling.md). Launch the groups with "
+        "launch_embodied_groups. Refused with runner.mode: async and "
+        "actor.enable_offload: true.",
     )
 
-    @field_validator("online_scaling")
-    @classmethod
-    def _refuse_online_scaling(cls, value: bool) -> bool:
-        if value:
+    @model_validator(mode="after")
+    def _check_online_scaling(self) -> EmbodiedRunnerConfig:
+        if self.online_scaling and self.mode != "sync":
             raise ValueError(
-                "runner.online_scaling=true is implemented for the reasoning runner's FSDP "
-                "actor only, not for the embodied runners; set runner.online_scaling: false"
+                f"runner.online_scaling=true works with sync PPO/GRPO only (the actor grows "
+                f"while the rollout idles between rollouts), but runner.mode={self.mode!r} "
+                "(async PPO/GRPO or SAC); set runner.mode: sync or runner.online_scaling: false"
             )
-        return value
+        return self
 
     plugin_modules: list[str] = Field(
         default_factory=list,
@@ -423,6 +427,8 @@ class EmbodiedConfig(RLinfModel):
                 "reward_type: chunk_level, or logprob_type: action_level / token_level"
             )
         sac = alg.loss_type == "sac"
+        if self.runner.online_scaling:
+            self._check_online_scaling()
         if sac and self.runner.mode != "async":
             raise ValueError(
                 f"runner.mode={self.runner.mode!r} does not fit algorithm.loss_type="
@@ -552,6 +558,15 @@ class EmbodiedConfig(RLinfModel):
         if cfg is None:
             raise ValueError("env.eval is null: this run has no eval envs")
         return cfg.num_envs // self.rollout.pipeline_stage_num
+
+    def _check_online_scaling(self) -> None:
+        """What ``runner.online_scaling: true`` does not support beyond the runner's keys."""
+        if self.actor.enable_offload:
+            raise ValueError(
+                "runner.online_scaling=true does not support actor.enable_offload=true (the "
+                "actor gets devices of its own); set actor.enable_offload: null or false, or "
+                "runner.online_scaling: false"
+            )
 
     def check_world_sizes(
         self, *, actor: int, env: int, rollout: int, max_episode_steps: int | None = None

@@ -23,6 +23,18 @@ channels), :meth:`~EmbodiedRunner.compute_advantages_and_returns`,
 ``runner.val_check_interval`` steps, a checkpoint every ``runner.save_interval``
 steps under ``log_path/experiment_name/checkpoints/global_step_N/``, and the
 step's metrics (``train/ eval/ env/ rollout/ time/``) to the metric backends.
+
+With ``runner.online_scaling`` (sync PPO/GRPO; the actor group launched by
+:func:`~rlinf.embodied.autoplace_profile.launch_embodied_groups` with extra ranks
+on the rollout's resources) the rollout's trajectories go to every actor rank;
+then the actor grows onto all ranks
+(:meth:`~rlinf.embodied.workers.EmbodiedFSDPActor.scale_up`), computes
+advantages and trains there, and shrinks back
+(:meth:`~rlinf.embodied.workers.EmbodiedFSDPActor.scale_down`) before the next
+weight sync. Weight sync and checkpoints use the base ranks. Logged:
+``time/scale_up``, ``time/scale_down``, ``actor/world_size_generate`` and
+``actor/world_size_train``; a rank failing while re-sharding raises
+:class:`rlinf.sched.ScalingError` (see docs/online_scaling.md).
 """
 
 from __future__ import annotations
@@ -56,7 +68,14 @@ from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.pipelining import StageChooser, pipeline_advice
-from rlinf.sched import GroupFuture, WorkerGroup, wait_all
+from rlinf.sched import (
+    GroupFuture,
+    ScalingError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroup,
+    wait_all,
+)
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
@@ -64,9 +83,10 @@ __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 _log = get_logger("rlinf.embodied.runner")
 
 
-def _devices(group: WorkerGroup) -> set[tuple[Any, ...]]:
+def _devices(group: WorkerGroup, ranks: Sequence[int] | None = None) -> set[tuple[Any, ...]]:
     out: set[tuple[Any, ...]] = set()
-    for p in group.placements:
+    placements = group.placements
+    for p in placements if ranks is None else [placements[r] for r in ranks]:
         if p.resource_ranks:
             out.update((p.node_rank, p.node_group, p.resource_kind, r) for r in p.resource_ranks)
         else:
@@ -121,6 +141,8 @@ class EmbodiedRunner(ClosesOnExit):
         self.stage_chooser = StageChooser(
             cfg.rollout.pipeline_stage_num, cfg.rollout.adaptive_stages
         )
+        self.base_actor_ranks = list(range(actor.world_size))
+        """The actor ranks that hold the policy between steps (fewer with online scaling)."""
 
     # ------------------------------------------------------------------ paths
 
@@ -178,7 +200,10 @@ class EmbodiedRunner(ClosesOnExit):
         keys = max(64, self.env.world_size * stages + 8, self.actor.world_size + 8)
         for name in ("rollout", "env", "actor"):
             self._res.channel(name, f"embodied-{run_id}-{name}", max_keys=keys)
-        actor_dev, rollout_dev = _devices(self.actor), _devices(self.rollout)
+        if cfg.runner.online_scaling:
+            self._check_scaling()
+        actor_dev = _devices(self.actor, self.base_actor_ranks)
+        rollout_dev = _devices(self.rollout)
         env_dev = _devices(self.env)
         self.collocated = bool(actor_dev & rollout_dev)
         shared = [
@@ -195,6 +220,8 @@ class EmbodiedRunner(ClosesOnExit):
             if cfg.actor.enable_offload is None
             else cfg.actor.enable_offload
         )
+        if cfg.runner.online_scaling:
+            offload_actor = False  # the config refuses actor.enable_offload: true
         specs = self._wait([self.env.init_worker(cfg, self.actor.world_size)])[0]
         self.spec = specs[0]
         cfg.check_world_sizes(**sizes, max_episode_steps=self.spec.max_episode_steps)
@@ -231,6 +258,53 @@ class EmbodiedRunner(ClosesOnExit):
         self._initialized = True
         startup.mark("init_workers")
 
+    def _check_scaling(self) -> None:
+        """Online scaling: the actor group has extra ranks, none beside its base ranks' devices."""
+        info = self._wait([self.actor.scaling_info()])[0][0]
+        base = int(info["base_world_size"])
+        if base >= self.actor.world_size:
+            raise ValueError(
+                f"runner.online_scaling=true but all {self.actor.world_size} actor ranks hold "
+                "the policy: launch the actor group with "
+                "rlinf.embodied.autoplace_profile.launch_embodied_groups (it places extra ranks "
+                "on the rollout's resources), or set runner.online_scaling: false"
+            )
+        self.base_actor_ranks = list(range(base))
+        shared = _devices(self.actor, self.base_actor_ranks) & _devices(self.rollout)
+        if shared:
+            raise ValueError(
+                "runner.online_scaling=true needs disaggregated placement, but the actor shares "
+                f"resources with the rollout ({sorted(map(str, shared))}); place them apart in "
+                "cluster.component_placement or set runner.online_scaling: false"
+            )
+
+    def _base_actor(self) -> WorkerGroup:
+        """The actor group limited to the ranks that hold the policy between steps."""
+        if len(self.base_actor_ranks) == self.actor.world_size:
+            return self.actor
+        return self.actor.execute_on(*self.base_actor_ranks)
+
+    def _scale(self, phase: str) -> float:
+        """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds.
+
+        Raises:
+            rlinf.sched.ScalingError: A rank raised, died or hung while re-sharding.
+        """
+        start = time.perf_counter()
+        try:
+            wait_all(
+                [getattr(self.actor, phase)()],
+                self.cfg.runner.step_timeout_s,
+                on_error=self._res.close_channels,
+                hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
+            )
+        except WorkerError as err:
+            detail = "died" if isinstance(err, WorkerDiedError) else "raised"
+            raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
+        except TimeoutError as err:
+            raise ScalingError(phase, self.actor.name, -1, f"timed out: {err}") from err
+        return time.perf_counter() - start
+
     def check_spec(self, spec: Any) -> None:
         """Checks the env's spec against the algorithm before policies are built (a hook).
 
@@ -251,7 +325,7 @@ class EmbodiedRunner(ClosesOnExit):
         allow = self.cfg.runner.allow_config_change
         progress = load_run_state(path, self.cfg, allow_config_change=allow)
         steps = self._wait(
-            [self.actor.load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
+            [self._base_actor().load_checkpoint(str(path)), self.env.load_checkpoint(str(path))]
         )
         self.global_step = int(steps[0][0])
         self.total_env_steps = progress.total_env_steps
@@ -277,7 +351,7 @@ class EmbodiedRunner(ClosesOnExit):
             if first:
                 _log.info("first weight sync (actor -> rollout) ...")
             versions = self._wait(
-                [self.rollout.sync_model_from_actor(), self.actor.sync_model_to_rollout()]
+                [self.rollout.sync_model_from_actor(), self._base_actor().sync_model_to_rollout()]
             )
             self._synced_version = int(versions[1][0])
             if first:
@@ -385,7 +459,7 @@ class EmbodiedRunner(ClosesOnExit):
         with new_checkpoint(self.checkpoint_root, self.global_step) as path:
             self._wait(
                 [
-                    self.actor.save_checkpoint(str(path), self.global_step),
+                    self._base_actor().save_checkpoint(str(path), self.global_step),
                     self.env.save_checkpoint(str(path), self.global_step),
                 ]
             )
@@ -466,12 +540,19 @@ class EmbodiedRunner(ClosesOnExit):
             _log.info(started[0])
         metrics: dict[str, float] = {"time/sync_weights": self.update_rollout_weights()}
         metrics.update(self.generate_rollouts())
+        scaling = self.cfg.runner.online_scaling
+        if scaling:  # grow onto the rollout's devices for the training phase
+            metrics["time/scale_up"] = self._scale("scale_up")
         start = time.perf_counter()
         metrics.update(self.compute_advantages_and_returns())
         metrics["time/cal_adv_and_returns"] = time.perf_counter() - start
         start = time.perf_counter()
         metrics.update(self.run_training())
         metrics["time/actor_training"] = time.perf_counter() - start
+        if scaling:  # shrink back before the next weight sync and generation
+            metrics["time/scale_down"] = self._scale("scale_down")
+            metrics["actor/world_size_generate"] = float(len(self.base_actor_ranks))
+            metrics["actor/world_size_train"] = float(self.actor.world_size)
         self.global_step += 1
         last_step = self.global_step >= total
         if (

@@ -19,6 +19,17 @@ Per training step:
 Weights go to the rollout group by broadcast from rank 0, stamped with the
 global step as version (:meth:`sync_model_to_rollout`).
 
+Online scaling (``runner.online_scaling``, the group launched with
+``base_world_size`` < its world size by
+:func:`~rlinf.embodied.autoplace_profile.launch_embodied_groups`): the env ships
+each rollout to *every* actor rank (the extra ranks, on the rollout's devices,
+just buffer their share); :meth:`EmbodiedFSDPActor.scale_up` then copies the
+base ranks' policy, AdamW and schedule into grown parts sharded over every rank
+(built once, kept), advantages and training run on all ranks, and
+:meth:`EmbodiedFSDPActor.scale_down` copies the result back. Weight sync,
+checkpoints and eval use the base ranks. The mechanics are
+:func:`rlinf.core.fsdp_scaling.move_train_state`'s (tensor collectives).
+
 Async PPO/GRPO (``runner.mode: async`` with an on-policy loss, driven by
 :class:`~rlinf.embodied.async_ppo_runner.AsyncPPORunner`): :meth:`train_next_batch`
 takes the oldest batch waiting in the actor channel (the env keeps shipping the
@@ -39,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,6 +71,7 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, init_process_group, select_device
+from rlinf.core.fsdp_scaling import TrainParts, move_train_state
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
 from rlinf.core.seeding import derive_seed
@@ -157,9 +170,13 @@ class EmbodiedFSDPActor(Worker):
 
     Args:
         cfg: The run config.
+        base_world_size: Online scaling (``runner.online_scaling``): the ranks that
+            hold the policy between training phases; the others (launched on the
+            rollout's devices by :func:`rlinf.sched.grown_actor_strategy`) join
+            for training only (:meth:`scale_up`). ``None``: every rank, always.
     """
 
-    def __init__(self, cfg: EmbodiedConfig) -> None:
+    def __init__(self, cfg: EmbodiedConfig, base_world_size: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         setup_process(cfg)
@@ -179,6 +196,16 @@ class EmbodiedFSDPActor(Worker):
         self._offloaded = False
         self._max_episode_steps = 1
         self.dropped_batches = 0
+        self._base_world_arg = base_world_size
+        self.base_world_size = self.world_size if base_world_size is None else base_world_size
+        """Online scaling: ranks ``0..base_world_size-1`` hold the policy between steps."""
+        self.scaling = self.base_world_size < self.world_size
+        self._grown = False
+        self._base_pg: dist.ProcessGroup | None = None
+        self._base_mesh: Any = None
+        self._world_mesh: Any = None
+        self._base_parts: TrainParts | None = None
+        self._grown_parts: TrainParts | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -193,6 +220,10 @@ class EmbodiedFSDPActor(Worker):
     ) -> None:
         """(Re)builds the process group, the FSDP2 policy, the optimizer and the schedule.
 
+        With online scaling (``base_world_size`` < the group's world size) only the
+        base ranks build them now; the extra ranks start empty and build the grown
+        parts at the first :meth:`scale_up`.
+
         Args:
             cfg: The run config (the runner's).
             spec: The train env's spec.
@@ -200,6 +231,9 @@ class EmbodiedFSDPActor(Worker):
             rollout_world_size: Rollout ranks.
             env_world_size: Env ranks (for the trajectory routing).
             offload: Offload optimizer state between phases (collocated mode).
+
+        Raises:
+            ValueError: Online scaling with ``offload`` (the runner refuses it first).
         """
         self.cfg = cfg
         self._rollout_group = rollout_group
@@ -209,16 +243,47 @@ class EmbodiedFSDPActor(Worker):
         self._offload = offload
         self._offloaded = False
         self._max_episode_steps = spec.max_episode_steps
+        self._spec = spec
         init_process_group(cfg.actor.dist_backend, self.device, cfg.runner.step_timeout_s)
         # FSDP pulls in DTensor (and sympy): ~3 s of imports that only actor processes pay.
         from torch.distributed.device_mesh import init_device_mesh
+
+        self._setup_scaling()
+        if self.scaling and offload:
+            raise ValueError(
+                "runner.online_scaling=true with an offloading actor (actor.enable_offload, or "
+                "the actor sharing devices with env/rollout) is not supported; set "
+                "actor.enable_offload: false and place the actor on its own resources"
+            )
+        self.global_step = 0
+        self.dropped_batches = 0
+        self.batch = None
+        self.model, self.optimizer, self.scheduler = None, None, None
+        if not self.holds_state:  # an extra rank: idle until scale_up()
+            return
+        if self.scaling:
+            mesh = self._base_mesh
+        else:
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        parts = self._build_parts(mesh)
+        self.model, self.optimizer, self.scheduler = (
+            parts.model,  # type: ignore[assignment]
+            parts.optimizer,
+            parts.scheduler,
+        )
+        if self.scaling:
+            self._base_parts = parts
+        if self._offload:
+            self.offload()
+
+    def _build_parts(self, mesh: Any) -> TrainParts:
+        """The FSDP2 policy over ``mesh``, its AdamW (value head at ``value_lr``) and schedule."""
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        cfg = self.cfg
         torch.manual_seed(cfg.actor.seed)
-        policy = build_policy(cfg.actor.model, spec).to(self.device)
+        policy = build_policy(cfg.actor.model, self._spec).to(self.device)
         fully_shard(policy, mesh=mesh)
-        self.model = policy
         optim = cfg.actor.optim
         value_params = [p for n, p in policy.named_parameters() if "value_head" in n]
         other_params = [p for n, p in policy.named_parameters() if "value_head" not in n]
@@ -227,28 +292,169 @@ class EmbodiedFSDPActor(Worker):
             groups.append(
                 {"params": value_params, "lr": optim.value_lr or optim.lr, "name": "critic"}
             )
-        self.optimizer = torch.optim.AdamW(
+        optimizer = torch.optim.AdamW(
             groups,
             lr=optim.lr,
             betas=optim.adam_betas,
             eps=optim.adam_eps,
             weight_decay=optim.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
             lr_lambda(
                 optim.lr_scheduler, optim.warmup_steps, cfg.runner.total_steps, optim.min_lr_ratio
             ),
         )
-        self.global_step = 0
-        self.dropped_batches = 0
-        self.batch = None
-        if self._offload:
-            self.offload()
+        return TrainParts(policy, optimizer, scheduler)
+
+    # ------------------------------------------------------------ online scaling
+
+    def _setup_scaling(self) -> None:
+        """Online scaling: the base ranks' subgroup and both device meshes (all ranks join)."""
+        base = self.world_size if self._base_world_arg is None else self._base_world_arg
+        if not 1 <= base <= self.world_size:
+            raise ValueError(
+                f"base_world_size={base} must be in 1..{self.world_size} (the actor's ranks)"
+            )
+        self.base_world_size = base
+        self.scaling = base < self.world_size
+        self._grown = False
+        self._base_parts = self._grown_parts = None
+        if not self.scaling:
+            return
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        # new_group and the world mesh are collectives of the default group: every
+        # rank creates them, in the same order, once per init_worker.
+        group = dist.new_group(list(range(base)))
+        self._world_mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self._base_pg, self._base_mesh = None, None  # None on the extra ranks
+        if self.rank < base:
+            assert isinstance(group, dist.ProcessGroup)
+            self._base_pg = group
+            self._base_mesh = DeviceMesh.from_group(group, self.device.type)
+
+    @property
+    def holds_state(self) -> bool:
+        """Whether this rank holds the model now (a base rank, or any rank while grown)."""
+        return not self.scaling or self._grown or self.rank < self.base_world_size
+
+    @property
+    def grown(self) -> bool:
+        """Whether the actor is grown onto every rank now (always, without online scaling)."""
+        return not self.scaling or self._grown
+
+    @property
+    def _model_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the model now (``None``: the default group, every rank)."""
+        return None if self.grown else self._base_pg
+
+    @property
+    def _model_world_size(self) -> int:
+        return self.world_size if self.grown else self.base_world_size
+
+    def scaling_info(self) -> dict[str, int]:
+        """``{"world_size", "base_world_size"}``: the runner's view of online scaling."""
+        return {"world_size": self.world_size, "base_world_size": self.base_world_size}
+
+    def _require_state(self, method: str) -> None:
+        if not self.holds_state:
+            raise RuntimeError(
+                f"{method}() on extra actor rank {self.rank}: with runner.online_scaling only "
+                f"the base ranks 0..{self.base_world_size - 1} hold the policy between training "
+                "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
+            )
+
+    def _require_grown(self, method: str) -> None:
+        if not self.grown:
+            raise RuntimeError(
+                f"{method}() on actor rank {self.rank}: with runner.online_scaling the step's "
+                f"data is split over all {self.world_size} actor ranks; call scale_up() on every "
+                "rank first"
+            )
+
+    def scale_up(self) -> dict[str, float]:
+        """Grows the actor from its base ranks onto every rank (every rank calls it).
+
+        The grown parts (policy sharded over all ranks, AdamW, LR schedule) are
+        built at the first call and kept; each call copies the base ranks' state
+        into them with tensor collectives
+        (:func:`rlinf.core.fsdp_scaling.move_train_state`), with the global step.
+
+        Returns:
+            ``{"seconds", "world_size", "bytes"}``.
+
+        Raises:
+            RuntimeError: Without online scaling, or when already grown.
+        """
+        if not self.scaling or self._grown:
+            raise RuntimeError(
+                f"scale_up() on actor rank {self.rank}: "
+                + ("runner.online_scaling is off" if not self.scaling else "already grown")
+            )
+        start = time.perf_counter()
+        if self._grown_parts is None:
+            self._grown_parts = self._build_parts(self._world_mesh)
+        extra = {"global_step": self.global_step, "dropped_batches": self.dropped_batches}
+        out = move_train_state(self._base_parts, self._grown_parts, extra=extra)
+        self.global_step = int(out["extra"]["global_step"])
+        self.dropped_batches = int(out["extra"]["dropped_batches"])
+        parts = self._grown_parts
+        self.model, self.optimizer, self.scheduler = (
+            parts.model,  # type: ignore[assignment]
+            parts.optimizer,
+            parts.scheduler,
+        )
+        self._grown = True
+        return {
+            "seconds": time.perf_counter() - start,
+            "world_size": float(self.world_size),
+            "bytes": float(out["bytes"]),
+        }
+
+    def scale_down(self) -> dict[str, float]:
+        """Shrinks the actor back to its base ranks (every rank calls it).
+
+        The trained state goes from the grown parts into the base ranks' parts;
+        the extra ranks keep their (now stale) grown parts for the next
+        :meth:`scale_up` and hold no usable policy in between.
+
+        Returns:
+            ``{"seconds", "world_size", "bytes"}`` (world size: the base one).
+
+        Raises:
+            RuntimeError: Without online scaling, or when not grown.
+        """
+        if not self.scaling or not self._grown:
+            raise RuntimeError(
+                f"scale_down() on actor rank {self.rank}: "
+                + ("runner.online_scaling is off" if not self.scaling else "not grown")
+            )
+        start = time.perf_counter()
+        if self._grown_parts is not None:
+            self._grown_parts.optimizer.zero_grad(set_to_none=True)
+        out = move_train_state(self._grown_parts, self._base_parts)
+        base = self._base_parts
+        if base is not None:
+            self.model, self.optimizer, self.scheduler = (
+                base.model,  # type: ignore[assignment]
+                base.optimizer,
+                base.scheduler,
+            )
+        else:
+            self.model, self.optimizer, self.scheduler = None, None, None
+        self._grown = False
+        return {
+            "seconds": time.perf_counter() - start,
+            "world_size": float(self.base_world_size),
+            "bytes": float(out["bytes"]),
+        }
 
     def _parts(
         self,
     ) -> tuple[BasePolicy, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        if self.scaling and not self.holds_state:
+            self._require_state("this call")
         if self.model is None or self.optimizer is None or self.scheduler is None:
             raise RuntimeError("init_worker() must run before this call")
         return self.model, self.optimizer, self.scheduler
@@ -418,8 +624,8 @@ class EmbodiedFSDPActor(Worker):
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
         out = tensor.detach().to(self.device, copy=True)
-        if self.world_size > 1:
-            dist.all_reduce(out, op=op)
+        if self._model_world_size > 1:
+            dist.all_reduce(out, op=op, group=self._model_group)
         return out.cpu()
 
     def _require_batch(self) -> RolloutBatch:
@@ -445,6 +651,7 @@ class EmbodiedFSDPActor(Worker):
             ``rollout/*`` metrics (reduced over actor ranks): mean valid reward,
             advantage and return mean/max/min.
         """
+        self._require_grown("compute_advantages_and_returns")
         batch = self._require_batch()
         traj = batch.trajectory
         alg = self.cfg.algorithm
@@ -510,6 +717,7 @@ class EmbodiedFSDPActor(Worker):
         Returns:
             ``train/*`` metrics averaged over micro batches, then over actor ranks.
         """
+        self._require_grown("run_training")
         model, optimizer, scheduler = self._parts()
         batch = self._require_batch()
         if batch.advantages is None or batch.loss_mask is None:
@@ -720,6 +928,7 @@ class EmbodiedFSDPActor(Worker):
                 optimizer,
                 extra,
                 frozen_from_disk=model.frozen_from_disk,
+                process_group=self._model_group,
             )
 
     def load_checkpoint(self, path: str) -> int:
@@ -734,7 +943,11 @@ class EmbodiedFSDPActor(Worker):
         model, optimizer, scheduler = self._parts()
         with self.device_phase(lock=False, offload=self._offload):
             extra = load_train_state(
-                Path(path) / "actor", model, optimizer, frozen_from_disk=model.frozen_from_disk
+                Path(path) / "actor",
+                model,
+                optimizer,
+                frozen_from_disk=model.frozen_from_disk,
+                process_group=self._model_group,
             )
         scheduler.load_state_dict(extra["scheduler"])
         self.global_step = int(extra["step"])
