@@ -153,13 +153,6 @@ def test_config_refuses_online_scaling_with_megatron() -> None:
         _check_online_scaling(cfg)
 
 
-def test_embodied_runner_refuses_online_scaling() -> None:
-    from rlinf.embodied.config import EmbodiedRunnerConfig
-
-    with pytest.raises(ValueError, match=r"runner\.online_scaling"):
-        EmbodiedRunnerConfig(online_scaling=True)
-
-
 def _placement(spec: dict[str, Any], slots: int = 2) -> ModelParallelComponentPlacement:
     info = ClusterInfo.fake(1, cpu_slots_per_node=slots)
     return ModelParallelComponentPlacement(spec, info)
