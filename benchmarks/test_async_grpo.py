@@ -28,10 +28,17 @@ is part of what async buys).
 Rows (higher is better):
 
 * time to +15 points: ``sync seconds / async seconds``; target 1.3x, floor 0.6x
-  (three runs measured 1.13x, 1.07x and 0.81x: the step at which an eval
-  first reaches the goal moves by tens of steps between async runs);
+  (three runs measured 1.13x, 1.07x and 0.81x; after the actor took the first
+  minibatch's old logprobs from its training forward, 0.94x, 1.36x and 1.10x:
+  the step at which an eval first reaches the goal moves by tens of steps
+  between async runs, 250, 200 and 200 in the last three, and the sync step
+  follows the other jobs' load on the box);
 * step time, from the same runs: ``sync median time/step / async median
-  time/step`` (steps after the first ``WARMUP``); informational.
+  time/step`` (steps after the first ``WARMUP``); informational (1.39x, 0.98x,
+  1.05x; then 1.22x, 1.39x and 1.13x). Its ceiling is ``1 + G / A``: the async step
+  is at best the actor's own time A (~0.7-0.9 s, depending on the load), the
+  sync one adds the ~0.25-0.3 s of generation G (``docs/sync_vs_async.md``
+  has the per-stage breakdown).
 
 Every async step's ``rollout/staleness_max`` is checked to be at most
 ``max_staleness`` (the runner also raises if the actor trained on an older

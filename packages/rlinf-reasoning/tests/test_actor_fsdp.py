@@ -24,6 +24,7 @@ from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.engines import HFEngine, SamplingParams
 from rlinf.reasoning.toy_task import ToyTaskConfig, build_tokenizer, make_toy_task
 from rlinf.reasoning.workers import FSDPActor, pack_samples
+from rlinf.reasoning.workers.actor import _has_dropout
 
 PROMPTS = ["12+7=", "3-28=", "1+1=", "29-29=", "7+15="]
 
@@ -314,3 +315,55 @@ def test_valid_token_scale_makes_the_update_independent_of_micro_batching(
     bad["algorithm"].update(use_valid_token_scale=True, loss_agg_mode="seq-mean-token-sum")
     with pytest.raises(ConfigError, match=r"loss_agg_mode: token-mean"):
         validate_config(bad, ReasoningConfig)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`:UserWarning")
+@pytest.mark.parametrize("shuffle", [False, True], ids=["stream", "shuffle"])
+def test_first_minibatch_logprobs_come_from_its_training_forward(
+    toy: Path, make_actor: Any, shuffle: bool
+) -> None:
+    """The first minibatch's old logprobs are its training forward's (no no-grad pass).
+
+    The update (plain SGD, so updates compare) is the one a separate
+    recomputation of every sample gives, and only the other minibatches are
+    recomputed.
+    """
+    groups = _groups(toy, 1.0)[:4]
+
+    def run(fuse: bool) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
+        cfg = _cfg(toy, n_minibatches=2, update_epochs=2, shuffle_rollout=shuffle)
+        cfg.actor.micro_batch_size = 4
+        actor = make_actor(cfg)
+        assert actor._fuses_first_minibatch()  # the toy model has no dropout
+        if not fuse:
+            actor._fuses_first_minibatch = lambda: False
+        actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
+        recomputed = 0
+        real = actor._no_grad_logprobs
+
+        def counting(model: Any, samples: list[Any]) -> list[torch.Tensor]:
+            nonlocal recomputed
+            recomputed += len(samples)
+            return real(model, samples)
+
+        actor._no_grad_logprobs = counting
+        out = actor.run_training(_ListChannel(copy.deepcopy(groups)), 0)
+        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed
+
+    fused_w, fused_m, fused_n = run(True)
+    plain_w, plain_m, plain_n = run(False)
+    assert (fused_n, plain_n) == (8, 16)  # minibatch 0 (2 groups of 4) is not recomputed
+    assert max(float((fused_w[k] - plain_w[k]).abs().max()) for k in fused_w) < 1e-6
+    for key in ("actor/policy_loss", "actor/ratio", "actor/logprob_diff_max"):
+        assert fused_m[key] == pytest.approx(plain_m[key], abs=1e-5), key
+
+
+def test_dropout_turns_the_fused_first_minibatch_off(toy: Path, make_actor: Any) -> None:
+    # A training-mode forward with dropout is not the no-grad one: recompute them all.
+    actor = make_actor(_cfg(toy))
+    assert not _has_dropout(actor.model)
+    actor.model.config.attention_dropout = 0.1
+    assert _has_dropout(actor.model) and not actor._fuses_first_minibatch()
+    actor.model.config.attention_dropout = 0.0
+    actor.model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.1))
+    assert _has_dropout(actor.model)

@@ -277,7 +277,9 @@ class AsyncPipeline:
         deadline = time.monotonic() + cfg.runner.step_timeout_s
         self.wait_synced()  # version ``step`` is loaded: what is requested now is not too old
         self.issue(step)
-        while not fut.done() and time.monotonic() < deadline:
+        # Waits on the actor's future itself (returns the moment it finishes),
+        # looking at the streams every _POLL_S.
+        while not fut.done(timeout=_POLL_S) and time.monotonic() < deadline:
             for stream in self._streams:
                 if stream.done():
                     wait_all([stream], 10.0, on_error=runner._res.close_channels)
@@ -286,7 +288,6 @@ class AsyncPipeline:
                         f"{stream.group}.{stream.method}() ended while the actor trained step "
                         f"{step}; asynchronous GRPO needs it running"
                     )
-            time.sleep(_POLL_S)
         remaining = max(1.0, deadline - time.monotonic())
         out: list[dict[str, Any]] = wait_all(
             [fut],

@@ -305,11 +305,15 @@ class MegatronActor(FSDPActor):
             model.train(was_training)
         return out
 
+    def _fuses_first_minibatch(self) -> bool:
+        """Never: old logprobs always come from a separate no-grad pass here."""
+        return False
+
     def _micro_step(
-        self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0
+        self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0, set_old: bool = False
     ) -> dict[str, Any]:
         if self.pp_size == 1:
-            return super()._micro_step(batch, n_micro, loss_scale)
+            return super()._micro_step(batch, n_micro, loss_scale, set_old)
         want_entropy = self.cfg.algorithm.entropy_bonus > 0
 
         def compute(

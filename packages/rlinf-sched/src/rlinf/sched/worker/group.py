@@ -83,9 +83,14 @@ class GroupFuture:
         """Ray ``ObjectRef`` of each rank's result, in the order of :attr:`ranks`."""
         return list(self._refs)
 
-    def done(self) -> bool:
-        """Whether every rank has finished (successfully or not)."""
-        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+    def done(self, timeout: float = 0.0) -> bool:
+        """Whether every rank has finished (successfully or not).
+
+        Args:
+            timeout: Seconds to wait for that (returns as soon as every rank
+                has finished); 0 only looks.
+        """
+        ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout)
         return len(ready) == len(self._refs)
 
     def wait(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[Any]:
