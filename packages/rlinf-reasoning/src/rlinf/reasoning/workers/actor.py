@@ -29,29 +29,33 @@ tensors are gathered over the actor ranks and rank 0 broadcasts one
 Online scaling (``runner.online_scaling``, built with ``base_world_size`` < the
 group's world size): ranks ``0..base_world_size-1`` (the *base* ranks) hold the
 model, optimizer and schedule; the others (the *extra* ranks, launched on the
-rollout's devices) start idle with no model state. :meth:`scale_up` grows the
-actor onto every rank for a training phase, :meth:`scale_down` shrinks it back:
+rollout's devices) take no part outside training phases. :meth:`scale_up` grows
+the actor onto every rank for a training phase, :meth:`scale_down` shrinks it
+back:
 
 * process groups: the default group spans every rank and a subgroup the base
   ranks; both are created once at start (all ranks must join each creation);
-  "rebuilding" is a new FSDP2 wrapping over the other device mesh;
-* re-sharding: the full state (parameters, AdamW moments and step counts,
-  param-group hyper-parameters, LR schedule, counters) is gathered to rank 0
-  and broadcast (``broadcast_object_list``: pickled, CPU) to the ranks of the
-  new layout; each rank then keeps its shard (``set_model_state_dict`` /
-  ``set_optimizer_state_dict`` with full state dicts). Each receiving rank
-  briefly holds one full copy of the state: fine for the toy and small models,
-  a per-tensor scatter would be needed for large ones;
-* the grown model is a fresh module (loaded from ``actor.model_path``, then
-  overwritten with the broadcast state), so buffers that are not in the state
-  dict (rotary tables) are right; the base ranks keep their model object
-  during the training phase and load the trained state back into it;
+* the grown model (``fully_shard`` over every rank), its AdamW and LR schedule
+  are built once, at start, on every rank and kept; a phase only copies state
+  into and out of them (no disk load, no re-wrapping, no new optimizer);
+* re-sharding moves tensors with collectives, one per dtype: scale-up gathers
+  the base ranks' parameters and AdamW moments to rank 0 (nothing to gather
+  with one base rank), broadcasts the small rest (schedule, param-group
+  hyper-parameters, AdamW step counts, counters; pickled) and scatters each
+  rank its rows of every tensor, copied into its FSDP2 shard; scale-down
+  gathers the shards to rank 0, which hands the base ranks their rows (a copy
+  with one base rank); the schedule and step counts are the same on every
+  rank and copied locally. Rank 0 briefly holds one full copy of the
+  parameters and moments; every other rank only its shard;
+* the extra ranks keep their shard of the grown model and optimizer between
+  phases (1/world of the training state; on a GPU it waits in host memory,
+  unchecked), and the base ranks keep their model during the training phase;
 * the data of the step re-splits by itself: each rank takes
   ``rollout_batch_size / ranks`` groups from the channel.
 
-An optimizer that has not stepped yet sends no state (``get_optimizer_state_dict``
-would create it with a zero-gradient step and bump AdamW's step counts, which
-changes the first update).
+An optimizer that has not stepped yet sends no state (creating it, as
+``get_optimizer_state_dict`` would, bumps AdamW's step counts and changes the
+first update).
 """
 
 from __future__ import annotations
@@ -1087,7 +1091,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     to_local = getattr(tensor, "to_local", None)
     if not callable(to_local):
         return tensor
-    placements = getattr(tensor, "placements", ())
+    placements: tuple[Any, ...] = getattr(tensor, "placements", ())
     if len(placements) != 1 or not placements[0].is_shard(0):
         raise RuntimeError(
             f"online scaling re-shards FSDP2 tensors sharded on dim 0 over a 1-D mesh; got "
@@ -1098,7 +1102,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _rows(n: int, parts: int, index: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of dim 0 (size ``n``) held by shard ``index`` of ``parts`` (FSDP2's chunks)."""
+    """Rows ``[lo, hi)`` of dim 0 (size ``n``) in shard ``index`` of ``parts`` (FSDP2 chunks)."""
     size = -(-n // parts)
     lo = min(index * size, n)
     return lo, min(lo + size, n)
@@ -1114,8 +1118,10 @@ def _row_numel(shape: torch.Size, parts: int, index: int) -> int:
 def _optim_layout(
     model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> list[dict[str, Any]] | None:
-    """Per parameter (in ``named_parameters`` order): AdamW's 0-d state values and the
-    names of its state tensors shaped like the parameter; ``None`` before the first step.
+    """The optimizer state's layout; ``None`` before the first step.
+
+    Per parameter (in ``named_parameters`` order): AdamW's 0-d state values and
+    the names of its state tensors shaped like the parameter.
 
     An optimizer that has not stepped has no state, and gets none: creating it
     (as ``get_optimizer_state_dict`` would) bumps the step counts and changes the
@@ -1151,7 +1157,7 @@ def _state_tensors(
     Makes ``optimizer``'s state match ``layout`` first: its 0-d values set, missing
     state tensors created (zeros, filled by the caller), none at all for ``None``.
     """
-    params = [p for _, p in model.named_parameters()]
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     if layout is None:
         optimizer.state.clear()
         return params
@@ -1211,7 +1217,7 @@ def _gather_rows(
             continue
         pieces: list[list[torch.Tensor]] = [[] for _ in idx]
         for d, buf in enumerate(bufs):
-            for k, part in enumerate(buf[: sum(counts[d])].split(counts[d])):
+            for k, part in enumerate(torch.split(buf[: sum(counts[d])], counts[d])):
                 j = idx[k]
                 rest = shapes[j][1:]
                 pieces[k].append(part.view(-1, *rest) if shapes[j] else part.view(()))
@@ -1271,7 +1277,7 @@ def _scatter_rows(
                     bufs.append(buf)
             dist.scatter(recv, bufs, src=0, group=group)
             mine_counts = counts[rank]
-            for k, part in enumerate(recv[: sum(mine_counts)].split(mine_counts)):
+            for k, part in enumerate(torch.split(recv[: sum(mine_counts)], mine_counts)):
                 dst = locals_[idx[k]]
                 if dst.numel() != part.numel():
                     raise RuntimeError(
@@ -1286,7 +1292,7 @@ def _persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """``model``'s buffers that are in its state dict (not sharded by FSDP2)."""
     out: list[tuple[str, torch.Tensor]] = []
     for prefix, module in model.named_modules():
-        skip = getattr(module, "_non_persistent_buffers_set", set())
+        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
         for name, buf in module.named_buffers(recurse=False):
             if buf is not None and name not in skip:
                 out.append((f"{prefix}.{name}" if prefix else name, buf))
