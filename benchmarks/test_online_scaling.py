@@ -38,19 +38,21 @@ actor, ``test_online_scaling.py``), so its numbers differ from the one-rank
 run's by float rounding and the eval that first reaches the goal may come a
 few steps apart: read the step-time row beside the time-to-accuracy row.
 
-Measured on the shared 2-core box (other jobs running; 124 s for the file):
-initial accuracy 0.167, goal 0.217; static reached it at step 20 in 20.3 s
-(median step 0.934 s), scaled at step 45 in 51.2 s (median step 1.127 s), so
-time to accuracy 0.40x and step time 0.83x: the target (> 1.0) is NOT met.
-Scale-up + scale-down: 0.030 s median per step (0.021-0.043 s; 0.40-0.45 s
-before the grown model was built once): the 2 s target is met by far. Most of
-the time-to-accuracy gap is the learning curve (the eval reaching the goal
-came 25 steps later in the scaled run; with a +0.05 goal on this toy task the
-evals swing by +-0.02 between steps), the rest is the step time: two gloo
-ranks train the step's batch only ~1.4-1.5x faster than one outside Ray
-(FSDP2/DTensor overhead and ~50 small collectives per step), and in the Ray
-run on two cores shared with other jobs no faster at all. See
-``docs/online_scaling.md``.
+Measured on the shared 2-core box (other jobs running), two runs of the file
+(124 s and 100 s); initial accuracy 0.167, goal 0.217:
+
+* run 1: static reached it at step 20 in 20.3 s (median step 0.934 s), scaled
+  at step 45 in 51.2 s (median step 1.127 s): 0.40x, step time 0.83x;
+* run 2: both at step 20, static 22.5 s (median step 0.979 s), scaled 23.9 s
+  (1.133 s): 0.94x, step time 0.86x; median stages static / scaled: training
+  0.539 / 0.595 s, logprob recomputation 0.214 / 0.191 s.
+
+The target (> 1.0) is NOT met. Scale-up + scale-down: 0.030-0.032 s median
+per step (0.40-0.45 s before the grown model was built once): the 2 s target
+is met by far. What is left is the training itself: two gloo ranks train the
+step's batch ~1.4-1.5x faster than one outside Ray, but inside these Ray runs
+no faster than one rank (not explained yet), and which eval first reaches a
++0.05 goal varies between runs (run 1). See ``docs/online_scaling.md``.
 """
 
 from __future__ import annotations
