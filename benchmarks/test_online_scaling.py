@@ -1,40 +1,64 @@
 """Online scaling (``runner.online_scaling``) against the same disaggregated run without it.
 
-Issue 20 item 2: once generation ends, the actor grows onto the rollout's
-devices for training and shrinks back before the next generation. Two rows:
+Issue 20's acceptance: the reasoning toy task in disaggregated mode with
+online scaling reaches its accuracy target in less wall-clock time than
+without. Once generation ends, the scaled actor grows from its one base rank
+(CPU slot 0) onto the rollout's slot for training and shrinks back before the
+next generation; the static actor trains on slot 0 alone while slot 1 idles.
 
-* **scale-up + scale-down seconds** per step on the toy model (target < 2 s,
-  the floor allows 4x that), the median of ``time/scale_up + time/scale_down``
-  over the scaled run's steps;
-* **step time, static vs scaled**: the toy task (short warm start), the same
-  disaggregated placement (actor on CPU slot 0; rollout and reward on slot 1)
-  and recipe (shuffled minibatches, as in ``toy_grpo_cpu.yaml``, so the actor
-  trains after the whole batch is generated in both modes), one torch thread
-  per worker. Without scaling slot 1 idles while the single actor rank trains;
-  with it, two actor ranks train. The runs alternate (static, scaled, static,
-  scaled); each reports its median ``time/step`` after ``WARMUP`` steps, and
-  ends with an eval of the held-out prompts (printed for both: the two modes
-  run the same number of steps of the same algorithm, so the step-time ratio
-  is the time-to-accuracy ratio as long as their accuracies agree; the row
-  does not stop at an accuracy target). Target > 1.0.
+One run, one cluster, one task. Both modes use the same disaggregated
+placement (actor on CPU slot 0; rollout and reward on slot 1) and the same
+recipe: the shipped ``toy_grpo_cpu.yaml`` (64 prompts x 16 samples, shuffled
+minibatches, recomputed logprobs, one torch thread per worker: its own best
+setting on this box), the task of ``benchmarks/test_async_grpo.py``, the same
+seeds; only ``runner.online_scaling`` differs. The groups of each mode are
+launched once, side by side, while the task is generated (the scaled actor
+builds its grown model then, once).
 
-Measured on the 2-core box with other jobs running (81 s for the file):
-scale-up + scale-down 0.40 s median per step (0.26-0.76 s; 0.94 s before
-``scale_down`` stopped calling ``gc.collect``): the 2 s target is met.
-Step time: static 1.01/0.69 s, scaled 1.52/1.11 s per step, so 0.65x: the
-target (> 1.0) is NOT met on this toy size. The single actor rank trains a
-step in ~0.4 s here and overlaps part of it with generation; the scaled step
-adds ~0.4 s of re-sharding and its two-rank training is no faster on two
-shared cores (gloo collectives on a 64-wide model cost as much as they save).
-The gain needs training phases long against the re-shard (bigger models, more
-update epochs) and devices that are really idle. Eval accuracy after 6 steps
-was 0.025/0.025 static and 0.0/0.025 scaled (a 20-step warm start: too short
-a run for an accuracy target, so no time-to-accuracy is measured).
+The initial accuracy is the warm start's greedy held-out accuracy that
+:func:`make_toy_task` reports. Each mode trains from the same warm start,
+evaluates (greedy, all held-out prompts) every ``EVAL_EVERY`` steps and stops
+at the first eval at or above ``initial + GAIN``, or after ``MAX_STEPS`` (the
+test then fails: the row has no time). Its time is the wall clock from the
+start of its first step to the end of that eval, evals included.
+
+Rows:
+
+* **time to +GAIN held-out accuracy**, ``static seconds / scaled seconds``;
+  target > 1.0, floor 0.25;
+* **step time**, from the same runs: ``static median time/step / scaled
+  median time/step`` (steps after ``WARMUP``); target > 1.0, floor 0.25;
+* **scale-up + scale-down seconds** per step (target < 2 s, the floor allows
+  4x that), the median of ``time/scale_up + time/scale_down`` over the scaled
+  run's steps.
+
+The two modes train the same algorithm on the same data; the scaled run
+splits each minibatch over two ranks (bit-identical to a static two-rank
+actor, ``test_online_scaling.py``), so its numbers differ from the one-rank
+run's by float rounding and the eval that first reaches the goal may come a
+few steps apart: read the step-time row beside the time-to-accuracy row.
+
+Measured on the shared 2-core box (other jobs running), two runs of the file
+(124 s and 100 s); initial accuracy 0.167, goal 0.217:
+
+* run 1: static reached it at step 20 in 20.3 s (median step 0.934 s), scaled
+  at step 45 in 51.2 s (median step 1.127 s): 0.40x, step time 0.83x;
+* run 2: both at step 20, static 22.5 s (median step 0.979 s), scaled 23.9 s
+  (1.133 s): 0.94x, step time 0.86x; median stages static / scaled: training
+  0.539 / 0.595 s, logprob recomputation 0.214 / 0.191 s.
+
+The target (> 1.0) is NOT met. Scale-up + scale-down: 0.030-0.032 s median
+per step (0.40-0.45 s before the grown model was built once): the 2 s target
+is met by far. What is left is the training itself: two gloo ranks train the
+step's batch ~1.4-1.5x faster than one outside Ray, but inside these Ray runs
+no faster than one rank (not explained yet), and which eval first reaches a
++0.05 goal varies between runs (run 1). See ``docs/online_scaling.md``.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +68,7 @@ import pytest
 import ray
 import torch
 
-from rlinf.core.config import validate_config
+from rlinf.core.config import load_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
@@ -52,79 +76,82 @@ from rlinf.sched import Cluster, WorkerGroup
 
 pytestmark = pytest.mark.timeout(900)
 
-STEPS = 6
-WARMUP = 1
-ROUNDS = 2
-TASK = ToyTaskConfig(num_train=400, num_test=40, max_operand=29, sft_steps=20, batch_size=64)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
+GAIN = 0.05
+EVAL_EVERY = 5
+MAX_STEPS = 60
+WARMUP = 2
+STAGES = ("time/rollout", "time/reward", "time/actor/inference", "time/actor/training")
+# The task of the docs' quickstart, the slow learning test and the async benchmark.
+TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300, batch_size=64)
 
 
 def _cfg(toy: Path, logs: Path, scaling: bool) -> ReasoningConfig:
-    return validate_config(
-        {
-            "cluster": {
-                "cpu_slots_per_node": 2,
-                "torch_threads": 1,
-                "component_placement": {"actor": 0, "rollout": 1, "reward": 1},
-            },
-            "runner": {
-                "max_steps": STEPS,
-                "max_epochs": 100,
-                "val_check_interval": STEPS,
-                "val_before_train": False,
-                "save_interval": -1,
-                "online_scaling": scaling,
-                "step_timeout_s": 600,
-                "channel_timeout_s": 300,
-                "logger": {"log_path": str(logs), "logger_backends": []},
-            },
-            "data": {
-                "train_files": [str(toy / "train.jsonl")],
-                "val_files": [str(toy / "test.jsonl")],
-                "prompt_key": "problem",
-                "answer_key": "answer",
-                "max_prompt_length": 16,
-                "seed": 1,
-            },
-            "algorithm": {
-                "group_size": 16,
-                "rollout_batch_size": 32,
-                "n_minibatches": 4,
-                "shuffle_rollout": True,
-                "sampling_params": {"temperature": 1.0, "max_new_tokens": 16},
-            },
-            "rollout": {"groups_per_chunk": 8},
-            "actor": {
-                "model_path": str(toy / "warmstart"),
-                "micro_batch_size": 64,
-                "sync_bucket_mb": 0.25,
-                "optim": {"lr": 2e-4},
-            },
-            "reward": {"num_workers": 1},
-        },
+    return load_config(
+        "toy_grpo_cpu",
+        CONFIG_DIR,
+        [
+            f"data.train_files=[{toy}/train.jsonl]",
+            f"data.val_files=[{toy}/test.jsonl]",
+            f"actor.model_path={toy}/warmstart",
+            f"runner.max_steps={MAX_STEPS}",
+            "runner.save_interval=-1",
+            f"runner.val_check_interval={EVAL_EVERY}",  # builds the held-out set
+            "runner.val_before_train=false",
+            f"runner.logger.log_path={logs}",
+            "runner.logger.logger_backends=[]",
+            f"+runner.online_scaling={str(scaling).lower()}",
+        ],
         ReasoningConfig,
     )
 
 
-def _run(cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...]) -> list[dict[str, float]]:
+def _time_to_gain(
+    cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...], goal: float
+) -> dict[str, Any]:
+    """Trains until an eval reaches ``goal`` (or ``MAX_STEPS``); returns times and curve."""
     runner = ReasoningRunner(cfg, *groups)
+    evals: list[tuple[int, float, float]] = []  # (step, accuracy, seconds since start)
+    steps: list[dict[str, float]] = []  # what each train_step returned
+    reached: float | None = None
+    mode = "scaled" if cfg.runner.online_scaling else "static"
     try:
         runner.init_workers()
-        runner.run()
+        start = time.perf_counter()
+        while runner.global_step < runner.total_steps:
+            steps.append(runner.train_step())
+            step = runner.global_step
+            if step % EVAL_EVERY == 0:
+                acc = runner.evaluate()["eval/accuracy"]
+                evals.append((step, acc, time.perf_counter() - start))
+                print(f"  {mode} step {step}: {acc:.3f} at {evals[-1][2]:.1f} s", flush=True)
+                if acc >= goal:
+                    reached = evals[-1][2]
+                    break
     finally:
         runner.close()
-    return runner.metrics_history
+    return {
+        "seconds": reached,
+        "evals": evals,
+        "step_time": statistics.median(m["time/step"] for m in steps[WARMUP:]),
+        "train_seconds": sum(m["time/step"] for m in steps),
+        "scale_s": [m.get("time/scale_up", 0.0) + m.get("time/scale_down", 0.0) for m in steps],
+        "stages": {
+            key: statistics.median(m[key] for m in steps[WARMUP:])
+            for key in STAGES
+            if all(key in m for m in steps[WARMUP:])
+        },
+        "steps": len(steps),
+    }
 
 
-def test_online_scaling_vs_static_disaggregated(
+def test_online_scaling_vs_static_time_to_accuracy(
     tmp_path: Path, record_ratio: Callable[..., object]
 ) -> None:
     assert not ray.is_initialized()
     toy = tmp_path / "toy"
     modes = {"static": False, "scaled": True}
     cfgs = {mode: _cfg(toy, tmp_path / mode, on) for mode, on in modes.items()}
-    step_times: dict[str, list[float]] = {mode: [] for mode in modes}
-    accuracy: dict[str, list[float]] = {mode: [] for mode in modes}
-    scale_s: list[float] = []
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
         with ThreadPoolExecutor(max_workers=2) as pool:
             launches = {
@@ -133,32 +160,33 @@ def test_online_scaling_vs_static_disaggregated(
             }
             before = torch.get_num_threads()
             torch.set_num_threads(1)
-            make_toy_task(toy, TASK)  # while the workers start
+            task = make_toy_task(toy, TASK)  # while the workers start
             torch.set_num_threads(before)
             launched: dict[str, Any] = {m: f.result(timeout=600) for m, f in launches.items()}
         groups = {m: (g[1], g[2], g[3]) for m, g in launched.items()}
+        goal = task.accuracy + GAIN
+        results: dict[str, dict[str, Any]] = {}
         try:
-            for _ in range(ROUNDS):
-                for mode in modes:
-                    history = _run(cfgs[mode], groups[mode])
-                    step_times[mode].append(
-                        statistics.median(m["time/step"] for m in history[WARMUP:])
-                    )
-                    accuracy[mode].append(history[-1]["eval/accuracy"])
-                    if mode == "scaled":
-                        scale_s += [m["time/scale_up"] + m["time/scale_down"] for m in history]
+            for mode in modes:
+                results[mode] = _time_to_gain(cfgs[mode], groups[mode], goal)
         finally:
             for group_set in groups.values():
                 for group in group_set:
                     group.shutdown()
-    static, scaled = (
-        statistics.median(step_times["static"]),
-        statistics.median(step_times["scaled"]),
-    )
-    print(
-        f"\nmedian step seconds: static {step_times['static']}, scaled {step_times['scaled']}; "
-        f"eval accuracy after {STEPS} steps: static {accuracy['static']}, "
-        f"scaled {accuracy['scaled']}; scale up+down seconds per step {scale_s}"
+    print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
+    for mode, r in results.items():
+        print(
+            f"{mode}: reached in {r['seconds']} s after {r['steps']} steps "
+            f"(training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
+            f"median stages { ({k: round(v, 3) for k, v in r['stages'].items()}) }); "
+            f"evals (step, acc, s): {[(s, round(a, 3), round(t, 1)) for s, a, t in r['evals']]}"
+        )
+    scale_s = results["scaled"]["scale_s"]
+    print(f"scale up+down seconds per step: {[round(s, 3) for s in scale_s]}")
+    missed = [m for m, r in results.items() if r["seconds"] is None]
+    assert not missed, (
+        f"{missed} did not reach {goal:.3f} (+{GAIN:.2f}) within {MAX_STEPS} steps; "
+        "raise MAX_STEPS or lower GAIN"
     )
     record_ratio(
         "online scaling: scale-up + scale-down per step, toy model (1 -> 2 ranks, gloo)",
@@ -171,9 +199,19 @@ def test_online_scaling_vs_static_disaggregated(
         higher_is_better=False,
     )
     record_ratio(
-        "online scaling vs static disaggregated GRPO, toy task step time (32x16 responses)",
-        1.0 / scaled,
-        1.0 / static,
+        f"online scaling vs static disaggregated GRPO, toy task time to +{GAIN:.2f} held-out",
+        results["scaled"]["seconds"],
+        results["static"]["seconds"],
+        unit="s",
+        baseline_name="static actor (1 rank)",
+        target=1.0,
+        floor=0.25,
+        higher_is_better=False,
+    )
+    record_ratio(
+        "online scaling vs static disaggregated GRPO, toy task step time (64x16 responses)",
+        1.0 / results["scaled"]["step_time"],
+        1.0 / results["static"]["step_time"],
         unit="steps/s",
         baseline_name="static actor (1 rank)",
         target=1.0,

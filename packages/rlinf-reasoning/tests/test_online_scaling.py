@@ -3,7 +3,8 @@
 * exactness (two processes, gloo, no Ray): training steps with the actor grown
   from 1 to 2 ranks give the same parameters and AdamW state as a static
   2-rank actor on the same data, while grown and after shrinking back (then
-  only the base rank holds them; the extra rank holds nothing);
+  only the base rank holds the model; the extra rank keeps only its idle shard
+  of the grown one, for the next scale-up);
 * config: online scaling is refused with the Megatron actor, async GRPO, KL
   terms and the embodied runner, with errors naming the key;
 * placement: the grown actor's ranks sit on the actor's then the rollout's

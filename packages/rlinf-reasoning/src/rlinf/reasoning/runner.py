@@ -72,6 +72,7 @@ from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
 from rlinf.sched import (
     Cluster,
+    GroupFuture,
     ScalingError,
     Worker,
     WorkerDiedError,
@@ -545,13 +546,17 @@ class ReasoningRunner(ClosesOnExit):
     def _scale(self, phase: str) -> float:
         """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds."""
         t0 = time.perf_counter()
+        future = getattr(self.actor, phase)()
         try:
             wait_all(
-                [getattr(self.actor, phase)()],
+                [future],
                 self.cfg.runner.step_timeout_s,
                 hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
             )
-        except WorkerError as err:
+        except WorkerError as first:
+            # A rank that raised in a collective may only echo a peer that died
+            # (gloo: connection closed): blame the dead rank when there is one.
+            err = first if isinstance(first, WorkerDiedError) else _dead_peer(future, first)
             detail = "died" if isinstance(err, WorkerDiedError) else "raised"
             raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
         except TimeoutError as err:
@@ -889,3 +894,22 @@ def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:
         "rollout/total_num_sequence": count,
         "rollout/num_groups": sum(s["groups"] for s in stats),
     }
+
+
+_PEER_GRACE_S = 10.0  # how long a failed re-shard waits to see whether a peer rank died
+
+
+def _dead_peer(future: GroupFuture, err: WorkerError) -> WorkerError:
+    """The first other rank of ``future`` that died within ``_PEER_GRACE_S``; else ``err``."""
+    deadline = time.monotonic() + _PEER_GRACE_S
+    for rank, ref in zip(future.ranks, future.refs, strict=True):
+        if rank == err.rank:
+            continue
+        one = GroupFuture(future.group, [rank], [ref], future.method)
+        try:
+            wait_all([one], max(0.1, deadline - time.monotonic()))
+        except WorkerDiedError as died:
+            return died
+        except (WorkerError, TimeoutError):
+            continue
+    return err

@@ -35,29 +35,33 @@ tensors are gathered over the actor ranks and rank 0 broadcasts one
 Online scaling (``runner.online_scaling``, built with ``base_world_size`` < the
 group's world size): ranks ``0..base_world_size-1`` (the *base* ranks) hold the
 model, optimizer and schedule; the others (the *extra* ranks, launched on the
-rollout's devices) start idle with no model state. :meth:`scale_up` grows the
-actor onto every rank for a training phase, :meth:`scale_down` shrinks it back:
+rollout's devices) take no part outside training phases. :meth:`scale_up` grows
+the actor onto every rank for a training phase, :meth:`scale_down` shrinks it
+back:
 
 * process groups: the default group spans every rank and a subgroup the base
   ranks; both are created once at start (all ranks must join each creation);
-  "rebuilding" is a new FSDP2 wrapping over the other device mesh;
-* re-sharding: the full state (parameters, AdamW moments and step counts,
-  param-group hyper-parameters, LR schedule, counters) is gathered to rank 0
-  and broadcast (``broadcast_object_list``: pickled, CPU) to the ranks of the
-  new layout; each rank then keeps its shard (``set_model_state_dict`` /
-  ``set_optimizer_state_dict`` with full state dicts). Each receiving rank
-  briefly holds one full copy of the state: fine for the toy and small models,
-  a per-tensor scatter would be needed for large ones;
-* the grown model is a fresh module (loaded from ``actor.model_path``, then
-  overwritten with the broadcast state), so buffers that are not in the state
-  dict (rotary tables) are right; the base ranks keep their model object
-  during the training phase and load the trained state back into it;
+* the grown model (``fully_shard`` over every rank), its AdamW and LR schedule
+  are built once, at start, on every rank and kept; a phase only copies state
+  into and out of them (no disk load, no re-wrapping, no new optimizer);
+* re-sharding moves tensors with collectives, one per dtype: scale-up gathers
+  the base ranks' parameters and AdamW moments to rank 0 (nothing to gather
+  with one base rank), broadcasts the small rest (schedule, param-group
+  hyper-parameters, AdamW step counts, counters; pickled) and scatters each
+  rank its rows of every tensor, copied into its FSDP2 shard; scale-down
+  gathers the shards to rank 0, which hands the base ranks their rows (a copy
+  with one base rank); the schedule and step counts are the same on every
+  rank and copied locally. Rank 0 briefly holds one full copy of the
+  parameters and moments; every other rank only its shard;
+* the extra ranks keep their shard of the grown model and optimizer between
+  phases (1/world of the training state; on a GPU it waits in host memory,
+  unchecked), and the base ranks keep their model during the training phase;
 * the data of the step re-splits by itself: each rank takes
   ``rollout_batch_size / ranks`` groups from the channel.
 
-An optimizer that has not stepped yet sends no state (``get_optimizer_state_dict``
-would create it with a zero-gradient step and bump AdamW's step counts, which
-changes the first update).
+An optimizer that has not stepped yet sends no state (creating it, as
+``get_optimizer_state_dict`` would, bumps AdamW's step counts and changes the
+first update).
 """
 
 from __future__ import annotations
@@ -167,22 +171,27 @@ class FSDPActor(Worker):
         self._setup_scaling()
         info: dict[str, Any] = {"device": str(self.device), "backend": backend}
         info["base_world_size"] = self.base_world_size
-        if not self.holds_state:  # an extra rank: idle until scale_up()
-            self._read_model_config()
-            return {"num_params": 0, **info}
-        self._build_models()
-        self.model.train()
-        self.optimizer = self._build_optimizer()
-        self.scheduler = self._build_scheduler()
-        num_params = sum(p.numel() for p in self.model.parameters())
+        num_params = 0
+        if self.holds_state:  # the extra ranks hold nothing outside training phases
+            self._build_models()
+            self.model.train()
+            self.optimizer = self._build_optimizer()
+            self.scheduler = self._build_scheduler()
+            num_params = sum(p.numel() for p in self.model.parameters())
+        if self.scaling:
+            self._build_grown()
         if self._offload_enabled:
             self.offload()
         return {"num_params": num_params, **info}
 
     def _build_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        return self._lambda_lr(self.optimizer)
+
+    def _lambda_lr(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        """The run's LR schedule over ``optimizer``'s param groups."""
         opt = self.cfg.actor.optim
         return torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
+            optimizer,
             lr_lambda(opt.lr_scheduler, opt.warmup_steps, self.total_optim_steps, opt.min_lr_ratio),
         )
 
@@ -214,9 +223,13 @@ class FSDPActor(Worker):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the model's parameters; the LR schedule drives its param groups."""
+        return self._adamw(self.model)
+
+    def _adamw(self, model: nn.Module) -> torch.optim.AdamW:
+        """AdamW over ``model``'s parameters with the configured hyper-parameters."""
         opt = self.cfg.actor.optim
         return torch.optim.AdamW(
-            self.model.parameters(),
+            model.parameters(),
             lr=opt.lr,
             betas=opt.adam_betas,
             eps=opt.adam_eps,
@@ -266,13 +279,34 @@ class FSDPActor(Worker):
         """Whether this rank holds the model now (a base rank, or any rank while grown)."""
         return self._grown or self.rank < self.base_world_size
 
-    def _read_model_config(self) -> None:
-        """An extra rank: the model facts it needs without the weights."""
-        from transformers import AutoConfig
+    def _build_grown(self) -> None:
+        """Online scaling: the model, AdamW and LR schedule over every rank, built once.
 
-        config: Any = AutoConfig.from_pretrained(str(self.cfg.actor.model_path))
-        self._check_positions(getattr(config, "max_position_embeddings", None))
-        self.pad_token_id = int(getattr(config, "pad_token_id", None) or 0)
+        Every rank builds them at start (``fully_shard`` over the world mesh) and
+        keeps them; :meth:`scale_up` only copies the base ranks' state into them
+        and :meth:`scale_down` copies it back. On a GPU they wait in host memory
+        between training phases (unchecked).
+        """
+        cfg = self.cfg
+        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
+        self._check_positions(getattr(model.config, "max_position_embeddings", None))
+        self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        if cfg.actor.gradient_checkpointing:
+            enable: Any = model.gradient_checkpointing_enable
+            enable()
+        grown = self._shard(model, self._world_mesh)
+        grown.train()
+        optimizer = self._adamw(grown)
+        self._grown_parts = (grown, optimizer, self._lambda_lr(optimizer))
+        self._place_grown(torch.device("cpu"))
+
+    def _place_grown(self, device: torch.device) -> None:
+        """Moves the grown model and its AdamW state to ``device`` (a no-op on CPU ranks)."""
+        if self.device.type == "cpu":
+            return
+        model, optimizer, _ = self._grown_parts
+        model.to(device)
+        move_optimizer_state(optimizer, device)
 
     def _require_state(self, method: str) -> None:
         if not self.holds_state:
@@ -282,57 +316,24 @@ class FSDPActor(Worker):
                 "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
             )
 
-    def _gather_train_state(self) -> dict[str, Any] | None:
-        """The full training state on rank 0 (a collective of the ranks holding it); else None."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model = get_model_state_dict(self.model, options=full)
-        optim = None
-        if self.optimizer.state:  # never create state here (see the module docstring)
-            optim = get_optimizer_state_dict(self.model, self.optimizer, options=full)
-        if self.rank != 0:
-            return None
+    def _scaling_meta(self) -> dict[str, Any]:
+        """Rank 0's small state for :meth:`scale_up`: schedule, counters, optimizer layout."""
         return {
-            "model": model,
-            "optim": optim,
+            "optim": _optim_layout(self.model, self.optimizer),
             "param_groups": [
                 {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
             ],
             "scheduler": self.scheduler.state_dict(),
+            "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(self.model)},
             "optim_steps": self._optim_steps,
             "version": self.version,
             "num_syncs": self.num_syncs,
         }
 
-    def _load_train_state(self, state: dict[str, Any]) -> None:
-        """Loads a full state from :meth:`_gather_train_state`; each rank keeps its shard."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=opts)
-        if state["optim"] is not None:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=opts)
-        else:
-            self.optimizer.state.clear()
-        self.scheduler.load_state_dict(state["scheduler"])
-        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
-            group.update(saved)
-        self._optim_steps = int(state["optim_steps"])
-        self.version = int(state["version"])
-        self.num_syncs = int(state["num_syncs"])
-
     def _broadcast_state(
         self, state: dict[str, Any] | None, group: dist.ProcessGroup | None
     ) -> dict[str, Any]:
+        """Rank 0's small state (pickled: no tensors but 0-d ones) to every rank of ``group``."""
         box: list[Any] = [state]
         dist.broadcast_object_list(box, src=0, group=group)
         out: dict[str, Any] = box[0]
@@ -341,10 +342,13 @@ class FSDPActor(Worker):
     def scale_up(self) -> dict[str, Any]:
         """Grows the actor from its base ranks onto every rank (every rank calls it).
 
-        The base ranks' full state is broadcast from rank 0; every rank builds
-        the model sharded over all ranks (FSDP2), keeps its shard of the
-        parameters and AdamW state and rebuilds the optimizer and LR schedule.
-        Afterwards :meth:`run_training` splits the step's groups over all ranks.
+        Rank 0 gathers the base ranks' parameters and AdamW moments (a gather
+        over the base ranks; nothing to gather with one), broadcasts the small
+        state (schedule, param-group hyper-parameters, AdamW step counts,
+        counters) and scatters each rank its rows of every tensor, which it
+        copies into its shard of the grown model and optimizer (built once, at
+        start). Afterwards :meth:`run_training` splits the step's groups over
+        all ranks.
 
         Returns:
             ``{"seconds", "world_size"}``.
@@ -358,30 +362,47 @@ class FSDPActor(Worker):
                 + ("runner.online_scaling is off" if not self.scaling else "already grown")
             )
         start = time.perf_counter()
-        state = self._gather_train_state() if self.rank < self.base_world_size else None
-        state = self._broadcast_state(state, None)
-        if self.rank < self.base_world_size:  # kept for scale_down
+        base = self.rank < self.base_world_size
+        fulls: list[torch.Tensor] | None = None
+        meta: dict[str, Any] | None = None
+        if base:
+            layout = _optim_layout(self.model, self.optimizer)
+            sources = _state_tensors(self.model, self.optimizer, layout)
+            fulls = _gather_rows(sources, self._base_pg, self.base_world_size, self.rank)
+            if self.rank == 0:
+                meta = self._scaling_meta()
+        meta = self._broadcast_state(meta, None)
+        model, optimizer, scheduler = self._grown_parts
+        self._place_grown(self.device)
+        targets = _state_tensors(model, optimizer, meta["optim"])
+        _scatter_rows(fulls, targets, None, self.world_size, self.rank)
+        del fulls
+        with torch.no_grad():
+            named = dict(_persistent_buffers(model))
+            for name, value in meta["buffers"].items():
+                named[name].copy_(value)
+        scheduler.load_state_dict(meta["scheduler"])
+        for group, saved in zip(optimizer.param_groups, meta["param_groups"], strict=True):
+            group.update(saved)
+        self._optim_steps = int(meta["optim_steps"])
+        self.version = int(meta["version"])
+        self.num_syncs = int(meta["num_syncs"])
+        if base:  # kept for scale_down
             self._base_state = (self.model, self.optimizer, self.scheduler)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.mesh = self._world_mesh
-        model = load_causal_lm(self.cfg.actor.model_path, dtype=self.dtype, device=self.device)
-        if self.cfg.actor.gradient_checkpointing:
-            enable: Any = model.gradient_checkpointing_enable
-            enable()
-        self.model = self._shard(model)
-        self.model.train()
-        self.optimizer = self._build_optimizer()
-        self.scheduler = self._build_scheduler()
-        self._load_train_state(state)
-        del state
         self._grown = True
         return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
 
     def scale_down(self) -> dict[str, Any]:
         """Shrinks the actor back to its base ranks (every rank calls it).
 
-        The trained state is gathered to rank 0 and loaded into the base ranks'
-        model and optimizer (broadcast over the base ranks when there are
-        several); the extra ranks drop everything they held.
+        Every rank sends its shards of the trained parameters and AdamW moments
+        to rank 0 (one gather), which hands the base ranks their rows (a
+        scatter over the base ranks; a plain copy with one); the schedule,
+        param-group hyper-parameters and step counts are the same on every rank
+        and copied locally. The extra ranks keep only their idle shard of the
+        grown model for the next :meth:`scale_up`.
 
         Returns:
             ``{"seconds", "world_size"}`` (the base world size).
@@ -395,18 +416,24 @@ class FSDPActor(Worker):
                 + ("runner.online_scaling is off" if not self.scaling else "not grown")
             )
         start = time.perf_counter()
-        state = self._gather_train_state()
+        grown, optimizer, scheduler = self._grown_parts
+        layout = _optim_layout(grown, optimizer)  # the same on every rank
+        sources = _state_tensors(grown, optimizer, layout)
+        fulls = _gather_rows(sources, None, self.world_size, self.rank)
         del self.model, self.optimizer, self.scheduler
         if self.rank < self.base_world_size:
-            if self.base_world_size > 1:
-                state = self._broadcast_state(state, self._base_pg)
-            assert state is not None
-            self.model, self.optimizer, self.scheduler = self._base_state
+            model, base_optim, base_sched = self._base_state
             del self._base_state
+            targets = _state_tensors(model, base_optim, layout)
+            _scatter_rows(fulls, targets, self._base_pg, self.base_world_size, self.rank)
+            base_sched.load_state_dict(scheduler.state_dict())
+            for group, saved in zip(base_optim.param_groups, optimizer.param_groups, strict=True):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            self.model, self.optimizer, self.scheduler = model, base_optim, base_sched
             assert self._base_mesh is not None
             self.mesh = self._base_mesh
-            self._load_train_state(state)
-        del state  # the dropped tensors go with their last reference (no gc.collect: ~0.4 s)
+        del fulls
+        self._place_grown(torch.device("cpu"))
         self._grown = False
         return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
@@ -446,15 +473,17 @@ class FSDPActor(Worker):
             return self.collocated and self.device.type != "cpu"
         return flag
 
-    def _shard(self, model: nn.Module) -> nn.Module:
+    def _shard(self, model: nn.Module, mesh: DeviceMesh | None = None) -> nn.Module:
+        """FSDP2: each decoder layer and the root over ``mesh`` (default: ``self.mesh``)."""
         from torch.distributed.fsdp import fully_shard
 
+        mesh = self.mesh if mesh is None else mesh
         names = set(getattr(model, "_no_split_modules", None) or [])
         reshard = self.cfg.actor.reshard_after_forward
         for module in list(model.modules()):
             if type(module).__name__ in names:
-                fully_shard(module, mesh=self.mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=self.mesh, reshard_after_forward=reshard)
+                fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         return model
 
     # ------------------------------------------------------------ offload/onload
@@ -1125,3 +1154,217 @@ def _has_dropout(model: nn.Module) -> bool:
 
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+# ------------------------------------------------------------------ online scaling helpers
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a ``DTensor`` (FSDP2: ``Shard(0)``), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    if not callable(to_local):
+        return tensor
+    placements: tuple[Any, ...] = getattr(tensor, "placements", ())
+    if len(placements) != 1 or not placements[0].is_shard(0):
+        raise RuntimeError(
+            f"online scaling re-shards FSDP2 tensors sharded on dim 0 over a 1-D mesh; got "
+            f"placements {placements} for a tensor of shape {tuple(tensor.shape)}"
+        )
+    local: torch.Tensor = to_local()
+    return local
+
+
+def _rows(n: int, parts: int, index: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of dim 0 (size ``n``) in shard ``index`` of ``parts`` (FSDP2 chunks)."""
+    size = -(-n // parts)
+    lo = min(index * size, n)
+    return lo, min(lo + size, n)
+
+
+def _row_numel(shape: torch.Size, parts: int, index: int) -> int:
+    if len(shape) == 0:
+        return 1
+    lo, hi = _rows(shape[0], parts, index)
+    return (hi - lo) * math.prod(shape[1:])
+
+
+def _optim_layout(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> list[dict[str, Any]] | None:
+    """The optimizer state's layout; ``None`` before the first step.
+
+    Per parameter (in ``named_parameters`` order): AdamW's 0-d state values and
+    the names of its state tensors shaped like the parameter.
+
+    An optimizer that has not stepped has no state, and gets none: creating it
+    (as ``get_optimizer_state_dict`` would) bumps the step counts and changes the
+    first update.
+    """
+    if not optimizer.state:
+        return None
+    out: list[dict[str, Any]] = []
+    for name, param in model.named_parameters():
+        state = optimizer.state.get(param, {})
+        scalars: dict[str, torch.Tensor] = {}
+        sharded: list[str] = []
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                scalars[key] = value.detach().cpu().clone()
+            elif isinstance(value, torch.Tensor) and value.shape == param.shape:
+                sharded.append(key)
+            else:
+                raise RuntimeError(
+                    f"online scaling cannot re-shard optimizer state {key!r} of {name} "
+                    f"({type(value).__name__}); only 0-d values and tensors shaped like the "
+                    "parameter (AdamW's) are supported"
+                )
+        out.append({"scalars": scalars, "sharded": sorted(sharded)})
+    return out
+
+
+def _state_tensors(
+    model: nn.Module, optimizer: torch.optim.Optimizer, layout: list[dict[str, Any]] | None
+) -> list[torch.Tensor]:
+    """The parameters and optimizer state tensors in ``layout``'s order (each a shard).
+
+    Makes ``optimizer``'s state match ``layout`` first: its 0-d values set, missing
+    state tensors created (zeros, filled by the caller), none at all for ``None``.
+    """
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
+    if layout is None:
+        optimizer.state.clear()
+        return params
+    if len(layout) != len(params):
+        raise RuntimeError(
+            f"online scaling: the optimizer layout has {len(layout)} parameters, the model "
+            f"{len(params)}; the base and grown models must be the same architecture"
+        )
+    out: list[torch.Tensor] = []
+    for param, entry in zip(params, layout, strict=True):
+        out.append(param)
+        if not entry["scalars"] and not entry["sharded"]:
+            optimizer.state.pop(param, None)
+            continue
+        state = optimizer.state[param]
+        for key, value in entry["scalars"].items():
+            state[key] = value.clone()
+        for key in entry["sharded"]:
+            current = state.get(key)
+            if not isinstance(current, torch.Tensor) or current.shape != param.shape:
+                state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            out.append(state[key])
+    return out
+
+
+def _gather_rows(
+    sources: list[torch.Tensor], group: dist.ProcessGroup | None, size: int, rank: int
+) -> list[torch.Tensor] | None:
+    """Full tensors on global rank 0 from every rank's shards (one ``gather`` per dtype).
+
+    Args:
+        sources: This rank's sharded tensors (the same list, in order, on every rank).
+        group: The group the tensors are sharded over (``None``: the default one).
+        size: Its size.
+        rank: This rank's index in it.
+
+    Returns:
+        The full tensors on rank 0 (detached views when ``size`` is 1), else ``None``.
+    """
+    locals_ = [_local(t).detach() for t in sources]
+    if size == 1:
+        return locals_
+    shapes = [t.shape for t in sources]
+    fulls: list[torch.Tensor | None] = [None] * len(sources)
+    for dtype in sorted({t.dtype for t in locals_}, key=str):
+        idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
+        counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
+        width = max(1, max(sum(c) for c in counts))
+        device = locals_[idx[0]].device
+        flat = torch.zeros(width, dtype=dtype, device=device)
+        if idx:
+            mine = torch.cat([locals_[j].reshape(-1) for j in idx])
+            flat[: mine.numel()] = mine
+        bufs = [torch.empty_like(flat) for _ in range(size)] if rank == 0 else None
+        dist.gather(flat, bufs, dst=0, group=group)
+        if bufs is None:
+            continue
+        pieces: list[list[torch.Tensor]] = [[] for _ in idx]
+        for d, buf in enumerate(bufs):
+            for k, part in enumerate(torch.split(buf[: sum(counts[d])], counts[d])):
+                j = idx[k]
+                rest = shapes[j][1:]
+                pieces[k].append(part.view(-1, *rest) if shapes[j] else part.view(()))
+        for k, j in enumerate(idx):
+            fulls[j] = torch.cat(pieces[k]) if shapes[j] else pieces[k][0]
+    if rank != 0:
+        return None
+    return [f for f in fulls if f is not None]
+
+
+def _scatter_rows(
+    fulls: list[torch.Tensor] | None,
+    targets: list[torch.Tensor],
+    group: dist.ProcessGroup | None,
+    size: int,
+    rank: int,
+) -> None:
+    """Copies rank 0's full tensors into every rank's shards (one ``scatter`` per dtype).
+
+    Args:
+        fulls: The full tensors (global rank 0), in ``targets``' order; else ``None``.
+        targets: This rank's sharded tensors to overwrite (same list on every rank).
+        group: The group the targets are sharded over (``None``: the default one).
+        size: Its size.
+        rank: This rank's index in it.
+    """
+    locals_ = [_local(t) for t in targets]
+    with torch.no_grad():
+        if size == 1:
+            assert fulls is not None
+            for dst, src in zip(locals_, fulls, strict=True):
+                dst.copy_(src)
+            return
+        shapes = [t.shape for t in targets]
+        for dtype in sorted({t.dtype for t in locals_}, key=str):
+            idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
+            counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
+            width = max(1, max(sum(c) for c in counts))
+            device = locals_[idx[0]].device
+            recv = torch.empty(width, dtype=dtype, device=device)
+            bufs: list[torch.Tensor] | None = None
+            if rank == 0:
+                assert fulls is not None
+                bufs = []
+                for d in range(size):
+                    buf = torch.zeros(width, dtype=dtype, device=device)
+                    parts = []
+                    for j in idx:
+                        full = fulls[j]
+                        if shapes[j]:
+                            lo, hi = _rows(shapes[j][0], size, d)
+                            full = full[lo:hi]
+                        parts.append(full.reshape(-1).to(device))
+                    if parts:
+                        mine = torch.cat(parts)
+                        buf[: mine.numel()] = mine
+                    bufs.append(buf)
+            dist.scatter(recv, bufs, src=0, group=group)
+            mine_counts = counts[rank]
+            for k, part in enumerate(torch.split(recv[: sum(mine_counts)], mine_counts)):
+                dst = locals_[idx[k]]
+                if dst.numel() != part.numel():
+                    raise RuntimeError(
+                        f"online scaling: shard {rank}/{size} of a tensor of shape "
+                        f"{tuple(shapes[idx[k]])} holds {dst.numel()} elements, expected "
+                        f"{part.numel()} (FSDP2 dim-0 chunks)"
+                    )
+                dst.copy_(part.view_as(dst))
+
+
+def _persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s buffers that are in its state dict (not sharded by FSDP2)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for prefix, module in model.named_modules():
+        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in skip:
+                out.append((f"{prefix}.{name}" if prefix else name, buf))
+    return out
