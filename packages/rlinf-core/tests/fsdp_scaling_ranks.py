@@ -5,7 +5,7 @@ Usage: ``python fsdp_scaling_ranks.py RANK PORT OUT_JSON``.
 Two gloo ranks. A static model sharded over both ranks and an online-scaling
 pair (base parts on rank 0 only, grown parts over both ranks, built once) train
 on the same data for three steps; each step the scaled one grows
-(:func:`move_train_state` base -> grown), trains, and shrinks back. Rank 0
+(:func:`grow` base -> grown), trains, and shrinks back (:func:`shrink`). Rank 0
 writes the largest differences (parameters, buffers, AdamW moments, step counts,
 learning rates) between the static and the scaled state to ``OUT_JSON``.
 """
@@ -87,28 +87,27 @@ def main() -> None:
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from rlinf.core.fsdp_scaling import grow, setup_scaling, shrink
 
-    from rlinf.core.fsdp_scaling import move_train_state
-
-    base_group = dist.new_group([0])
-    world_mesh = init_device_mesh("cpu", (2,))
-    base_mesh = DeviceMesh.from_group(base_group, "cpu") if rank == 0 else None
-    static = parts(0, world_mesh)
-    base = parts(0, base_mesh) if rank == 0 else None
-    grown = parts(1, world_mesh)  # other initial weights: the move must overwrite them
+    cpu = torch.device("cpu")
+    meshes = setup_scaling(1, cpu)
+    assert meshes.scaling and meshes.is_base == (rank == 0)
+    static = parts(0, meshes.world_mesh)
+    base = parts(0, meshes.base_mesh) if rank == 0 else None
+    grown = parts(1, meshes.world_mesh)  # other initial weights: the move must overwrite them
     initial = full_state(static)
     report: dict[str, Any] = {"steps": []}
     for step in range(3):
         train(static, rank, step)
-        up = move_train_state(base, grown, extra={"step": step})
+        up = grow(meshes, base, grown, cpu, extra={"step": step})
         assert up["extra"] == {"step": step}
         if step == 0:  # the base optimizer had not stepped: the grown one holds no state
             assert not grown.optimizer.state
         train(grown, rank, step)
         want = full_state(static)
         got_grown = full_state(grown)
-        move_train_state(grown, base)
+        down = shrink(meshes, grown, base, cpu)
+        assert down["extra"] is None
         got_base = full_state(base) if base is not None else None
         if rank == 0:
             assert base is not None and got_base is not None

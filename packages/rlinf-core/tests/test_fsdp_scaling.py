@@ -57,16 +57,20 @@ def test_grown_and_shrunk_state_equals_a_static_two_rank_model(tmp_path: Path) -
         assert step["up_bytes"] > 0
 
 
-def test_the_first_rank_must_hold_the_source() -> None:
-    from rlinf.core.fsdp_scaling import move_train_state
-
+def test_setup_scaling_checks_the_base_world_size_and_creates_nothing_without_scaling() -> None:
+    torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
+    from rlinf.core.fsdp_scaling import setup_scaling
+
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match="first rank must hold the source"):
-            move_train_state(None, None)
+        with pytest.raises(ValueError, match=r"base_world_size=2 must be in 1\.\.1"):
+            setup_scaling(2, torch.device("cpu"))
+        meshes = setup_scaling(None, torch.device("cpu"))
+        assert not meshes.scaling and meshes.is_base
+        assert meshes.base_group is None and meshes.world_mesh is None
     finally:
         dist.destroy_process_group()

@@ -33,20 +33,31 @@ from rlinf.sched import Cluster, ScalingError
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 STEPS = 6
-KILL_AT = 2  # the step (weight version) whose scale-up loses rank 1
+KILL_AT = 2  # rank 1 dies in scale-up number KILL_AT + 1 (weight version KILL_AT)
 
 
 class DiesReSharding(FSDPActor):
-    """Rank 1 kills its own process mid scale-up of step ``KILL_AT``, once per run folder."""
+    """Rank 1 kills its own process mid scale-up of step ``KILL_AT``, once per run folder.
 
-    def _broadcast_state(self, state: Any, group: Any) -> dict[str, Any]:
-        out = super()._broadcast_state(state, group)
+    It dies where it would receive its rows (the scatter of
+    :func:`rlinf.core.fsdp_scaling.grow`, after the small state's broadcast),
+    while rank 0 is inside the collectives.
+    """
+
+    def scale_up(self) -> dict[str, Any]:
+        from rlinf.core import fsdp_scaling
+
+        self._ups = getattr(self, "_ups", 0) + 1
         marker = Path(self.cfg.runner.logger.experiment_dir) / "killed-mid-reshard"
-        if self.rank == 1 and int(out["version"]) == KILL_AT and not marker.exists():
+        if self.rank == 1 and self._ups == KILL_AT + 1 and not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
+
+            def die(*args: Any, **kwargs: Any) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            fsdp_scaling._scatter_rows = die  # type: ignore[assignment]  # this process only
+        return super().scale_up()
 
 
 def make_config(toy: Path, logs: Path, name: str, **runner: Any) -> ReasoningConfig:

@@ -1,33 +1,34 @@
-"""Moving a training state between two FSDP2 layouts of one model (online scaling).
+"""Online scaling of an FSDP2 actor: one re-sharding mechanism for both stacks.
 
-Online scaling keeps two copies of the actor's training parts: the *base* ones,
-sharded over the base ranks' device mesh, and the *grown* ones, sharded over
-every rank's. :func:`move_train_state` copies parameters, buffers, optimizer
-state (AdamW moments and step counts, any per-parameter state), the param
-groups' hyper-parameters and the LR scheduler's state from one layout into the
-other, in memory, without building anything: both sets of parts are built once
-by the caller and kept.
+An actor with online scaling keeps two copies of its training parts
+(:class:`TrainParts`): the *base* ones, sharded over ranks ``0..base-1``, and the
+*grown* ones, sharded over every rank; both are built once by the caller and
+kept. :func:`setup_scaling` creates the process group and device meshes they
+are sharded over (:class:`ScalingMeshes`); :func:`grow` copies the base ranks'
+training state into the grown parts before a training phase and :func:`shrink`
+copies it back after. What moves: parameters, AdamW state (moments and the 0-d
+step counts), the param groups' hyper-parameters, the LR scheduler's state,
+persistent buffers and small caller counters (``extra``). An optimizer that
+has not stepped moves no state (the destination's is cleared): creating it, as
+``get_optimizer_state_dict`` would, bumps the step counts and changes the first
+update.
 
-How the tensors travel (all collectives, no pickled tensors):
+How (tensor collectives over flat buffers, one per dtype):
 
-* each tensor is gathered to its full value over the source mesh
-  (``DTensor.full_tensor``: an all-gather among the ranks holding the source);
-* when some rank of ``group`` holds no source (growing: the extra ranks), the
-  full tensor is broadcast from the group's first rank (``dist.broadcast``);
-* each destination rank keeps its shard (``distribute_tensor`` with
-  ``src_data_rank=None``: a local slice, no communication) and copies it into
-  the destination tensor in place.
+* rank 0 pickles the small state (optimizer layout and step counts, param-group
+  hyper-parameters, scheduler ``state_dict``, persistent buffers, ``extra``)
+  and broadcasts it to every rank (one ``broadcast_object_list``);
+* every source rank packs its FSDP2 shards (``Shard(0)`` over a 1-D mesh) of
+  the parameters and moments into one flat buffer per dtype; rank 0 gathers
+  them (one ``gather`` per dtype; nothing to gather from one rank);
+* rank 0 packs each destination rank's rows (FSDP2's dim-0 chunks) into one
+  flat buffer per dtype and scatters them (one ``scatter`` per dtype; a plain
+  copy with one destination rank); each rank copies its rows into its shards.
 
-Only the small metadata (names, shapes, dtypes, scalar step counts, param-group
-hyper-parameters, the scheduler's ``state_dict``) goes once per call with
-``broadcast_object_list``. Each rank briefly holds one full tensor at a time,
-never the whole state. A source optimizer that has not stepped yet moves no
-state (the destination's is cleared), so the first update after a move is the
-same as without it.
-
-Both layouts must come from the same constructor (same parameter names and
-order, same optimizer param groups). Every rank of ``group`` calls
-:func:`move_train_state`; the group's first rank must hold the source.
+Cost: about two messages of the full training state on rank 0 per move (its
+peak memory is one full copy of parameters and moments), one shard's worth on
+every other rank; a few collectives per dtype whatever the number of tensors.
+On a GPU the grown parts wait in host memory between phases (:func:`park`).
 
 Needs torch (the ``rl`` extra of rlinf-core).
 """
@@ -35,14 +36,20 @@ Needs torch (the ``rl`` extra of rlinf-core).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["TrainParts", "move_train_state"]
+from rlinf.core.optim import move_optimizer_state
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["ScalingMeshes", "TrainParts", "grow", "park", "setup_scaling", "shrink"]
 
 
 @dataclasses.dataclass
@@ -50,7 +57,7 @@ class TrainParts:
     """One layout's training parts: the (FSDP2-wrapped) model, its optimizer and schedule.
 
     Attributes:
-        model: The model; its parameters are DTensors (FSDP2) or plain tensors.
+        model: The model; its parameters are DTensors sharded on dim 0 (FSDP2).
         optimizer: The optimizer over ``model``'s parameters.
         scheduler: The LR scheduler driving ``optimizer`` (``None``: none).
     """
@@ -60,187 +67,396 @@ class TrainParts:
     scheduler: Any = None
 
 
-def _is_dtensor(value: object) -> bool:
-    from torch.distributed.tensor import DTensor
+@dataclasses.dataclass
+class ScalingMeshes:
+    """The process group and device meshes of an actor with online scaling.
 
-    return isinstance(value, DTensor)
+    Attributes:
+        rank: This rank (in the default group).
+        world_size: Every rank of the actor.
+        base_world_size: The ranks ``0..base_world_size-1`` that hold the state
+            between training phases.
+        base_group: Their subgroup (``None`` on the other ranks, or without scaling).
+        base_mesh: Their 1-D device mesh (``None`` likewise).
+        world_mesh: The 1-D mesh over every rank (``None`` without scaling).
+    """
 
+    rank: int
+    world_size: int
+    base_world_size: int
+    base_group: dist.ProcessGroup | None = None
+    base_mesh: DeviceMesh | None = None
+    world_mesh: DeviceMesh | None = None
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The full value of ``tensor`` (a collective over its mesh when it is a DTensor)."""
-    if _is_dtensor(tensor):
-        full: torch.Tensor = tensor.full_tensor()  # type: ignore[attr-defined]
-        return full.detach()
-    return tensor.detach()
+    @property
+    def scaling(self) -> bool:
+        """Whether online scaling is on (fewer base ranks than ranks)."""
+        return self.base_world_size < self.world_size
 
-
-@torch.no_grad()
-def _copy_into(dst: torch.Tensor, full: torch.Tensor) -> None:
-    """Copies this rank's shard of ``full`` into ``dst`` (a DTensor) or all of it (a tensor)."""
-    if _is_dtensor(dst):
-        from torch.distributed.tensor import distribute_tensor
-
-        mesh, placements = dst.device_mesh, dst.placements  # type: ignore[attr-defined]
-        dst.copy_(
-            distribute_tensor(full.to(dst.device, dst.dtype), mesh, placements, src_data_rank=None)
-        )
-    else:
-        dst.copy_(full.to(dst.device, dst.dtype))
-
-
-def _comm_device(group: dist.ProcessGroup | None) -> torch.device:
-    """The device collectives of ``group`` take tensors on (CUDA for NCCL, else the CPU)."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    @property
+    def is_base(self) -> bool:
+        """Whether this rank is a base rank."""
+        return self.rank < self.base_world_size
 
 
-def _ordered_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
+def setup_scaling(base_world_size: int | None, device: torch.device) -> ScalingMeshes:
+    """The base subgroup and both meshes; collective over the default group.
 
-
-def _tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return list(model.named_parameters()) + list(model.named_buffers())
-
-
-def _metadata(src: TrainParts, extra: dict[str, Any] | None) -> dict[str, Any]:
-    """What the destination ranks must know before the tensors arrive (no big tensors)."""
-    states: list[dict[str, tuple[str, Any]]] = []
-    for p in _ordered_params(src.optimizer):
-        entry: dict[str, tuple[str, Any]] = {}
-        for key, value in src.optimizer.state.get(p, {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                entry[key] = ("sharded", (tuple(value.shape), value.dtype))
-            elif isinstance(value, torch.Tensor):
-                entry[key] = ("scalar", (value.detach().cpu().clone(), value.device.type))
-            else:
-                entry[key] = ("object", value)
-        states.append(entry)
-    return {
-        "tensors": [(name, tuple(t.shape), t.dtype) for name, t in _tensors(src.model)],
-        "states": states,
-        "param_groups": [
-            {k: v for k, v in g.items() if k != "params"} for g in src.optimizer.param_groups
-        ],
-        "scheduler": None if src.scheduler is None else src.scheduler.state_dict(),
-        "extra": extra,
-    }
-
-
-def move_train_state(
-    src: TrainParts | None,
-    dst: TrainParts | None,
-    *,
-    group: dist.ProcessGroup | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Copies ``src``'s training state into ``dst``; collective over ``group``.
-
-    Every rank of ``group`` calls it: ranks holding the source layout pass
-    ``src``, ranks holding the destination pass ``dst`` (a rank may hold both,
-    or only one). Growing from base ranks onto all: base ranks pass both, extra
-    ranks ``src=None``. Shrinking back: every rank passes ``src`` (the grown
-    parts), base ranks also ``dst``.
+    Every rank calls it once, after ``init_process_group`` (``new_group`` and the
+    world mesh are collectives of the default group). Without scaling
+    (``base_world_size`` ``None`` or the world size) it creates nothing.
 
     Args:
-        src: The parts holding the state now (``None`` on ranks without them).
-        dst: The parts to load it into (``None`` on ranks that drop it).
-        group: The process group spanning every rank of both layouts (default: world).
-        extra: Small picklable facts the first rank sends along (step counters).
+        base_world_size: Ranks holding the state between phases (``None``: all).
+        device: This rank's device (its type names the meshes' device type).
 
     Returns:
-        ``{"extra": the first rank's extra, "bytes": full bytes moved per rank,
-        "seconds": wall time}``.
+        The groups and meshes.
 
     Raises:
-        ValueError: The group's first rank holds no source, or the layouts differ
-            (tensor names or param groups).
+        ValueError: ``base_world_size`` is not in ``1..world size``.
     """
-    start = time.perf_counter()
-    me = dist.get_rank(group)
-    root = dist.get_global_rank(group, 0) if group is not None else 0
-    if me == 0 and src is None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = world if base_world_size is None else base_world_size
+    if not 1 <= base <= world:
         raise ValueError(
-            "move_train_state: the group's first rank must hold the source layout (src)"
+            f"base_world_size={base} must be in 1..{world} (the actor's ranks); "
+            "launch the group with fewer base ranks than ranks, or none"
         )
-    device = _comm_device(group)
-    missing = torch.tensor([0 if src is not None else 1], dtype=torch.int64, device=device)
-    dist.all_reduce(missing, group=group)
-    broadcast = int(missing.item()) > 0
-    box: list[Any] = [_metadata(src, extra) if src is not None and me == 0 else None]
-    dist.broadcast_object_list(box, src=root, group=group)
-    meta: dict[str, Any] = box[0]
-    if dst is not None:
-        names = [name for name, _ in _tensors(dst.model)]
-        if names != [name for name, _, _ in meta["tensors"]]:
-            raise ValueError(
-                "move_train_state: source and destination models differ (tensor names); "
-                "build both layouts with the same constructor"
-            )
-        if len(dst.optimizer.param_groups) != len(meta["param_groups"]):
-            raise ValueError(
-                "move_train_state: source and destination optimizers have different param "
-                "groups; build both with the same constructor"
-            )
-    moved = 0
+    out = ScalingMeshes(rank, world, base)
+    if not out.scaling:
+        return out
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    def move(
-        src_t: torch.Tensor | None, dst_t: torch.Tensor | None, shape: Any, dtype: Any
-    ) -> None:
-        nonlocal moved
-        full = _full(src_t) if src_t is not None else None
-        if broadcast:
-            if full is None:
-                full = torch.empty(shape, dtype=dtype, device=device)
-            else:
-                full = full.to(device).contiguous()
-            dist.broadcast(full, src=root, group=group)
-        assert full is not None
-        moved += full.numel() * full.element_size()
-        if dst_t is not None:
-            _copy_into(dst_t, full)
-        del full
+    group = dist.new_group(list(range(base)))
+    out.world_mesh = init_device_mesh(device.type, (world,))
+    if out.is_base:
+        assert isinstance(group, dist.ProcessGroup)
+        out.base_group = group
+        out.base_mesh = DeviceMesh.from_group(group, device.type)
+    return out
 
-    src_tensors = _tensors(src.model) if src is not None else None
-    dst_tensors = _tensors(dst.model) if dst is not None else None
-    for i, (_, shape, dtype) in enumerate(meta["tensors"]):
-        move(
-            src_tensors[i][1] if src_tensors is not None else None,
-            dst_tensors[i][1] if dst_tensors is not None else None,
-            shape,
-            dtype,
-        )
-    src_params = _ordered_params(src.optimizer) if src is not None else None
-    dst_params = _ordered_params(dst.optimizer) if dst is not None else None
-    for i, entry in enumerate(meta["states"]):
-        src_state = src.optimizer.state.get(src_params[i], {}) if src and src_params else {}
-        new: dict[str, Any] = {}
-        dst_p = dst_params[i] if dst_params is not None else None
-        old = dst.optimizer.state.get(dst_p, {}) if dst is not None and dst_p is not None else {}
-        for key, (kind, payload) in entry.items():
-            if kind == "sharded":
-                shape, dtype = payload
-                target = None
-                if dst_p is not None:
-                    target = old.get(key)
-                    if not isinstance(target, torch.Tensor) or target.shape != dst_p.shape:
-                        target = torch.zeros_like(dst_p.detach(), dtype=dtype)
-                move(src_state.get(key), target, shape, dtype)
-                new[key] = target
-            elif kind == "scalar":
-                value, device_type = payload
-                on = "cpu" if device_type == "cpu" or dst_p is None else dst_p.device
-                new[key] = value.clone().to(on)
-            else:
-                new[key] = payload
-        if dst is not None and dst_p is not None:
-            if new:
-                dst.optimizer.state[dst_p] = new
-            else:
-                dst.optimizer.state.pop(dst_p, None)
+
+def park(parts: TrainParts, device: torch.device) -> None:
+    """Moves ``parts``' model and optimizer state to ``device`` (host memory between phases)."""
+    parts.model.to(device)
+    move_optimizer_state(parts.optimizer, device)
+
+
+def grow(
+    meshes: ScalingMeshes,
+    base: TrainParts | None,
+    grown: TrainParts,
+    device: torch.device,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Copies the base ranks' state into the grown parts; every rank calls it.
+
+    On a GPU the grown parts are moved from host memory to ``device`` first.
+
+    Args:
+        meshes: From :func:`setup_scaling`.
+        base: The base parts (base ranks), ``None`` on the other ranks.
+        grown: The grown parts (every rank).
+        device: This rank's training device.
+        extra: Small picklable counters; rank 0's reach every rank.
+
+    Returns:
+        ``{"extra": rank 0's extra, "bytes": full state bytes, "seconds": wall time}``.
+    """
+    if device.type != "cpu":
+        park(grown, device)
+    return _move(
+        base, meshes.base_group, meshes.base_world_size, grown, None, meshes.world_size, extra
+    )
+
+
+def shrink(
+    meshes: ScalingMeshes,
+    grown: TrainParts,
+    base: TrainParts | None,
+    device: torch.device,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Copies the grown parts' state back into the base parts; every rank calls it.
+
+    The grown gradients are dropped; on a GPU the grown parts then wait in host
+    memory until the next :func:`grow`.
+
+    Args:
+        meshes: From :func:`setup_scaling`.
+        grown: The grown parts (every rank).
+        base: The base parts (base ranks), ``None`` on the other ranks.
+        device: This rank's training device.
+        extra: Small picklable counters; rank 0's reach every rank.
+
+    Returns:
+        ``{"extra": rank 0's extra, "bytes": full state bytes, "seconds": wall time}``.
+    """
+    grown.optimizer.zero_grad(set_to_none=True)
+    out = _move(
+        grown, None, meshes.world_size, base, meshes.base_group, meshes.base_world_size, extra
+    )
+    if device.type != "cpu":
+        park(grown, torch.device("cpu"))
+    return out
+
+
+def _move(
+    src: TrainParts | None,
+    src_group: dist.ProcessGroup | None,
+    src_size: int,
+    dst: TrainParts | None,
+    dst_group: dist.ProcessGroup | None,
+    dst_size: int,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    rank = dist.get_rank()
+    meta: dict[str, Any] | None = None
+    if rank == 0:
+        if src is None:
+            raise ValueError("online scaling: rank 0 must hold the source parts")
+        meta = {
+            "optim": _optim_layout(src.model, src.optimizer),
+            "param_groups": [
+                {k: v for k, v in g.items() if k != "params"} for g in src.optimizer.param_groups
+            ],
+            "scheduler": None if src.scheduler is None else src.scheduler.state_dict(),
+            "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(src.model)},
+            "extra": extra,
+        }
+    box: list[Any] = [meta]
+    dist.broadcast_object_list(box, src=0)
+    meta = box[0]
+    assert meta is not None
+    fulls: list[torch.Tensor] | None = None
+    nbytes = 0
+    if src is not None:
+        sources = _state_tensors(src.model, src.optimizer, meta["optim"], create=False)
+        nbytes = sum(t.numel() * t.element_size() for t in sources)
+        fulls = _gather_rows(sources, src_group, src_size, rank)
     if dst is not None:
+        targets = _state_tensors(dst.model, dst.optimizer, meta["optim"], create=True)
+        nbytes = sum(t.numel() * t.element_size() for t in targets)
+        _scatter_rows(fulls, targets, dst_group, dst_size, rank)
+        with torch.no_grad():
+            named = dict(_persistent_buffers(dst.model))
+            for name, value in meta["buffers"].items():
+                named[name].copy_(value)
         for g, saved in zip(dst.optimizer.param_groups, meta["param_groups"], strict=True):
             g.update(saved)
         if dst.scheduler is not None and meta["scheduler"] is not None:
             dst.scheduler.load_state_dict(meta["scheduler"])
-    return {"extra": meta["extra"], "bytes": moved, "seconds": time.perf_counter() - start}
+    del fulls
+    return {"extra": meta["extra"], "bytes": nbytes, "seconds": time.perf_counter() - start}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a ``DTensor`` (FSDP2: ``Shard(0)``), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    if not callable(to_local):
+        return tensor
+    placements: tuple[Any, ...] = getattr(tensor, "placements", ())
+    if len(placements) != 1 or not placements[0].is_shard(0):
+        raise RuntimeError(
+            f"online scaling re-shards FSDP2 tensors sharded on dim 0 over a 1-D mesh; got "
+            f"placements {placements} for a tensor of shape {tuple(tensor.shape)}"
+        )
+    local: torch.Tensor = to_local()
+    return local
+
+
+def _rows(n: int, parts: int, index: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of dim 0 (size ``n``) in shard ``index`` of ``parts`` (FSDP2 chunks)."""
+    size = -(-n // parts)
+    lo = min(index * size, n)
+    return lo, min(lo + size, n)
+
+
+def _row_numel(shape: torch.Size, parts: int, index: int) -> int:
+    if len(shape) == 0:
+        return 1
+    lo, hi = _rows(shape[0], parts, index)
+    return (hi - lo) * math.prod(shape[1:])
+
+
+def _optim_layout(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> list[dict[str, Any]] | None:
+    """Per parameter (``named_parameters`` order): 0-d state values and moment names.
+
+    ``None`` before the first step (then no state moves).
+    """
+    if not optimizer.state:
+        return None
+    out: list[dict[str, Any]] = []
+    for name, param in model.named_parameters():
+        scalars: dict[str, tuple[torch.Tensor, bool]] = {}
+        sharded: list[str] = []
+        for key, value in optimizer.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                scalars[key] = (value.detach().cpu().clone(), value.device.type != "cpu")
+            elif isinstance(value, torch.Tensor) and value.shape == param.shape:
+                sharded.append(key)
+            else:
+                raise RuntimeError(
+                    f"online scaling cannot re-shard optimizer state {key!r} of {name} "
+                    f"({type(value).__name__}); only 0-d values and tensors shaped like the "
+                    "parameter (AdamW's) are supported"
+                )
+        out.append({"scalars": scalars, "sharded": sorted(sharded)})
+    return out
+
+
+def _state_tensors(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    layout: list[dict[str, Any]] | None,
+    create: bool,
+) -> list[torch.Tensor]:
+    """The parameters and optimizer state tensors in ``layout``'s order (each a shard).
+
+    With ``create`` (a destination) the optimizer's state is made to match
+    ``layout`` first: 0-d values set, missing moments created (zeros, filled by
+    the caller), no state at all for ``None``.
+    """
+    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
+    if layout is None:
+        if create:
+            optimizer.state.clear()
+        return params
+    if len(layout) != len(params):
+        raise RuntimeError(
+            f"online scaling: the optimizer layout has {len(layout)} parameters, the model "
+            f"{len(params)}; build the base and grown parts with the same constructor"
+        )
+    out: list[torch.Tensor] = []
+    for param, entry in zip(params, layout, strict=True):
+        out.append(param)
+        if not create:
+            out.extend(optimizer.state[param][key] for key in entry["sharded"])
+            continue
+        if not entry["scalars"] and not entry["sharded"]:
+            optimizer.state.pop(param, None)
+            continue
+        state = optimizer.state[param]
+        for key, (value, on_device) in entry["scalars"].items():
+            state[key] = value.to(_local(param).device) if on_device else value.clone()
+        for key in entry["sharded"]:
+            current = state.get(key)
+            if not isinstance(current, torch.Tensor) or current.shape != param.shape:
+                state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            out.append(state[key])
+    return out
+
+
+def _gather_rows(
+    sources: list[torch.Tensor], group: dist.ProcessGroup | None, size: int, rank: int
+) -> list[torch.Tensor] | None:
+    """Full tensors on rank 0 from every rank's shards (one ``gather`` per dtype).
+
+    Args:
+        sources: This rank's sharded tensors (the same list, in order, on every rank).
+        group: The group they are sharded over, holding rank 0 (``None``: the default one).
+        size: Its size.
+        rank: This rank's index in it (the groups are ranks ``0..size-1``).
+
+    Returns:
+        The full tensors on rank 0 (detached views when ``size`` is 1), else ``None``.
+    """
+    locals_ = [_local(t).detach() for t in sources]
+    if size == 1:
+        return locals_
+    shapes = [t.shape for t in sources]
+    fulls: list[torch.Tensor | None] = [None] * len(sources)
+    for dtype in sorted({t.dtype for t in locals_}, key=str):
+        idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
+        counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
+        width = max(1, max(sum(c) for c in counts))
+        flat = torch.zeros(width, dtype=dtype, device=locals_[idx[0]].device)
+        mine = torch.cat([locals_[j].reshape(-1) for j in idx])
+        flat[: mine.numel()] = mine
+        bufs = [torch.empty_like(flat) for _ in range(size)] if rank == 0 else None
+        dist.gather(flat, bufs, dst=0, group=group)
+        if bufs is None:
+            continue
+        pieces: list[list[torch.Tensor]] = [[] for _ in idx]
+        for d, buf in enumerate(bufs):
+            for k, part in enumerate(torch.split(buf[: sum(counts[d])], counts[d])):
+                rest = shapes[idx[k]][1:]
+                pieces[k].append(part.view(-1, *rest) if shapes[idx[k]] else part.view(()))
+        for k, j in enumerate(idx):
+            fulls[j] = torch.cat(pieces[k]) if shapes[j] else pieces[k][0]
+    if rank != 0:
+        return None
+    return [f for f in fulls if f is not None]
+
+
+def _scatter_rows(
+    fulls: list[torch.Tensor] | None,
+    targets: list[torch.Tensor],
+    group: dist.ProcessGroup | None,
+    size: int,
+    rank: int,
+) -> None:
+    """Copies rank 0's full tensors into every rank's shards (one ``scatter`` per dtype).
+
+    Args:
+        fulls: The full tensors (rank 0), in ``targets``' order; else ``None``.
+        targets: This rank's sharded tensors to overwrite (same list on every rank).
+        group: The group they are sharded over, holding rank 0 (``None``: the default one).
+        size: Its size.
+        rank: This rank's index in it.
+    """
+    locals_ = [_local(t) for t in targets]
+    with torch.no_grad():
+        if size == 1:
+            assert fulls is not None
+            for dst, src in zip(locals_, fulls, strict=True):
+                dst.copy_(src)
+            return
+        shapes = [t.shape for t in targets]
+        for dtype in sorted({t.dtype for t in locals_}, key=str):
+            idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
+            counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
+            width = max(1, max(sum(c) for c in counts))
+            device = locals_[idx[0]].device
+            recv = torch.empty(width, dtype=dtype, device=device)
+            bufs: list[torch.Tensor] | None = None
+            if rank == 0:
+                assert fulls is not None
+                bufs = []
+                for d in range(size):
+                    parts = []
+                    for j in idx:
+                        full = fulls[j]
+                        if shapes[j]:
+                            lo, hi = _rows(shapes[j][0], size, d)
+                            full = full[lo:hi]
+                        parts.append(full.reshape(-1).to(device))
+                    buf = torch.zeros(width, dtype=dtype, device=device)
+                    mine = torch.cat(parts)
+                    buf[: mine.numel()] = mine
+                    bufs.append(buf)
+            dist.scatter(recv, bufs, src=0, group=group)
+            for k, part in enumerate(torch.split(recv[: sum(counts[rank])], counts[rank])):
+                dst = locals_[idx[k]]
+                if dst.numel() != part.numel():
+                    raise RuntimeError(
+                        f"online scaling: shard {rank}/{size} of a tensor of shape "
+                        f"{tuple(shapes[idx[k]])} holds {dst.numel()} elements, expected "
+                        f"{part.numel()} (FSDP2 dim-0 chunks)"
+                    )
+                dst.copy_(part.view_as(dst))
+
+
+def _persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s buffers that are in its state dict (FSDP2 does not shard them)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for prefix, module in model.named_modules():
+        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in skip:
+                out.append((f"{prefix}.{name}" if prefix else name, buf))
+    return out

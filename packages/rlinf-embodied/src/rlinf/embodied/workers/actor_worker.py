@@ -27,8 +27,8 @@ just buffer their share); :meth:`EmbodiedFSDPActor.scale_up` then copies the
 base ranks' policy, AdamW and schedule into grown parts sharded over every rank
 (built once, kept), advantages and training run on all ranks, and
 :meth:`EmbodiedFSDPActor.scale_down` copies the result back. Weight sync,
-checkpoints and eval use the base ranks. The mechanics are
-:func:`rlinf.core.fsdp_scaling.move_train_state`'s (tensor collectives).
+checkpoints and eval use the base ranks. The groups, meshes and re-sharding are
+:mod:`rlinf.core.fsdp_scaling`'s (shared with the reasoning actor).
 
 Async PPO/GRPO (``runner.mode: async`` with an on-policy loss, driven by
 :class:`~rlinf.embodied.async_ppo_runner.AsyncPPORunner`): :meth:`train_next_batch`
@@ -71,7 +71,7 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, init_process_group, select_device
-from rlinf.core.fsdp_scaling import TrainParts, move_train_state
+from rlinf.core.fsdp_scaling import ScalingMeshes, TrainParts, grow, setup_scaling, shrink
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
 from rlinf.core.seeding import derive_seed
@@ -201,9 +201,7 @@ class EmbodiedFSDPActor(Worker):
         """Online scaling: ranks ``0..base_world_size-1`` hold the policy between steps."""
         self.scaling = self.base_world_size < self.world_size
         self._grown = False
-        self._base_pg: dist.ProcessGroup | None = None
-        self._base_mesh: Any = None
-        self._world_mesh: Any = None
+        self._meshes: ScalingMeshes | None = None
         self._base_parts: TrainParts | None = None
         self._grown_parts: TrainParts | None = None
 
@@ -262,7 +260,8 @@ class EmbodiedFSDPActor(Worker):
         if not self.holds_state:  # an extra rank: idle until scale_up()
             return
         if self.scaling:
-            mesh = self._base_mesh
+            assert self._meshes is not None
+            mesh = self._meshes.base_mesh
         else:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
         parts = self._build_parts(mesh)
@@ -311,28 +310,11 @@ class EmbodiedFSDPActor(Worker):
 
     def _setup_scaling(self) -> None:
         """Online scaling: the base ranks' subgroup and both device meshes (all ranks join)."""
-        base = self.world_size if self._base_world_arg is None else self._base_world_arg
-        if not 1 <= base <= self.world_size:
-            raise ValueError(
-                f"base_world_size={base} must be in 1..{self.world_size} (the actor's ranks)"
-            )
-        self.base_world_size = base
-        self.scaling = base < self.world_size
+        self._meshes = setup_scaling(self._base_world_arg, self.device)
+        self.base_world_size = self._meshes.base_world_size
+        self.scaling = self._meshes.scaling
         self._grown = False
         self._base_parts = self._grown_parts = None
-        if not self.scaling:
-            return
-        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-        # new_group and the world mesh are collectives of the default group: every
-        # rank creates them, in the same order, once per init_worker.
-        group = dist.new_group(list(range(base)))
-        self._world_mesh = init_device_mesh(self.device.type, (self.world_size,))
-        self._base_pg, self._base_mesh = None, None  # None on the extra ranks
-        if self.rank < base:
-            assert isinstance(group, dist.ProcessGroup)
-            self._base_pg = group
-            self._base_mesh = DeviceMesh.from_group(group, self.device.type)
 
     @property
     def holds_state(self) -> bool:
@@ -347,7 +329,7 @@ class EmbodiedFSDPActor(Worker):
     @property
     def _model_group(self) -> dist.ProcessGroup | None:
         """The ranks holding the model now (``None``: the default group, every rank)."""
-        return None if self.grown else self._base_pg
+        return None if self.grown or self._meshes is None else self._meshes.base_group
 
     @property
     def _model_world_size(self) -> int:
@@ -378,8 +360,7 @@ class EmbodiedFSDPActor(Worker):
 
         The grown parts (policy sharded over all ranks, AdamW, LR schedule) are
         built at the first call and kept; each call copies the base ranks' state
-        into them with tensor collectives
-        (:func:`rlinf.core.fsdp_scaling.move_train_state`), with the global step.
+        into them (:func:`rlinf.core.fsdp_scaling.grow`), with the global step.
 
         Returns:
             ``{"seconds", "world_size", "bytes"}``.
@@ -393,10 +374,11 @@ class EmbodiedFSDPActor(Worker):
                 + ("runner.online_scaling is off" if not self.scaling else "already grown")
             )
         start = time.perf_counter()
+        assert self._meshes is not None
         if self._grown_parts is None:
-            self._grown_parts = self._build_parts(self._world_mesh)
+            self._grown_parts = self._build_parts(self._meshes.world_mesh)
         extra = {"global_step": self.global_step, "dropped_batches": self.dropped_batches}
-        out = move_train_state(self._base_parts, self._grown_parts, extra=extra)
+        out = grow(self._meshes, self._base_parts, self._grown_parts, self.device, extra)
         self.global_step = int(out["extra"]["global_step"])
         self.dropped_batches = int(out["extra"]["dropped_batches"])
         parts = self._grown_parts
@@ -417,7 +399,8 @@ class EmbodiedFSDPActor(Worker):
 
         The trained state goes from the grown parts into the base ranks' parts;
         the extra ranks keep their (now stale) grown parts for the next
-        :meth:`scale_up` and hold no usable policy in between.
+        :meth:`scale_up` (in host memory on a GPU) and hold no usable policy in
+        between (:func:`rlinf.core.fsdp_scaling.shrink`).
 
         Returns:
             ``{"seconds", "world_size", "bytes"}`` (world size: the base one).
@@ -431,9 +414,8 @@ class EmbodiedFSDPActor(Worker):
                 + ("runner.online_scaling is off" if not self.scaling else "not grown")
             )
         start = time.perf_counter()
-        if self._grown_parts is not None:
-            self._grown_parts.optimizer.zero_grad(set_to_none=True)
-        out = move_train_state(self._grown_parts, self._base_parts)
+        assert self._meshes is not None and self._grown_parts is not None
+        out = shrink(self._meshes, self._grown_parts, self._base_parts, self.device)
         base = self._base_parts
         if base is not None:
             self.model, self.optimizer, self.scheduler = (

@@ -44,15 +44,12 @@ back:
 * the grown model (``fully_shard`` over every rank), its AdamW and LR schedule
   are built once, at start, on every rank and kept; a phase only copies state
   into and out of them (no disk load, no re-wrapping, no new optimizer);
-* re-sharding moves tensors with collectives, one per dtype: scale-up gathers
-  the base ranks' parameters and AdamW moments to rank 0 (nothing to gather
-  with one base rank), broadcasts the small rest (schedule, param-group
+* re-sharding is :mod:`rlinf.core.fsdp_scaling`'s (shared with the embodied
+  actor): rank 0 gathers the parameters and AdamW moments in flat buffers, one
+  per dtype, broadcasts the small rest (schedule, param-group
   hyper-parameters, AdamW step counts, counters; pickled) and scatters each
-  rank its rows of every tensor, copied into its FSDP2 shard; scale-down
-  gathers the shards to rank 0, which hands the base ranks their rows (a copy
-  with one base rank); the schedule and step counts are the same on every
-  rank and copied locally. Rank 0 briefly holds one full copy of the
-  parameters and moments; every other rank only its shard;
+  rank its rows, copied into its FSDP2 shards. Rank 0 briefly holds one full
+  copy of the parameters and moments; every other rank only its shard;
 * the extra ranks keep their shard of the grown model and optimizer between
   phases (1/world of the training state; on a GPU it waits in host memory,
   unchecked), and the base ranks keep their model during the training phase;
@@ -91,6 +88,7 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
+from rlinf.core.fsdp_scaling import ScalingMeshes, TrainParts, grow, park, setup_scaling, shrink
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.seeding import derive_seed
@@ -137,6 +135,7 @@ class FSDPActor(Worker):
         self.collocated = collocated
         self._base_world_arg = base_world_size
         self._grown = False
+        self._base_parts: TrainParts | None = None  # online scaling: kept while grown
         self.version = 0
         self.num_syncs = 0
         self._offloaded = False
@@ -202,8 +201,8 @@ class FSDPActor(Worker):
         """
         cfg = self.cfg
         if self.scaling:
-            assert self._base_mesh is not None  # only base ranks build at start
-            self.mesh = self._base_mesh
+            assert self._meshes.base_mesh is not None  # only base ranks build at start
+            self.mesh = self._meshes.base_mesh
         else:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -251,28 +250,11 @@ class FSDPActor(Worker):
     # ------------------------------------------------------------ online scaling
     def _setup_scaling(self) -> None:
         """Online scaling: the base ranks' subgroup and both device meshes (all ranks join)."""
-        base = self.world_size if self._base_world_arg is None else self._base_world_arg
-        if not 1 <= base <= self.world_size:
-            raise ValueError(
-                f"base_world_size={base} must be in 1..{self.world_size} (the actor's ranks)"
-            )
-        self.base_world_size = base
-        self.scaling = base < self.world_size
+        self._meshes: ScalingMeshes = setup_scaling(self._base_world_arg, self.device)
+        self.base_world_size = self._meshes.base_world_size
+        self.scaling = self._meshes.scaling
         self._grown = not self.scaling
-        if not self.scaling:
-            return
-        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-        # new_group and the world mesh are collectives of the default group: every
-        # rank creates them, in the same order, once.
-        group = dist.new_group(list(range(base)))
-        self._world_mesh = init_device_mesh(self.device.type, (self.world_size,))
-        self._base_pg: dist.ProcessGroup | None = None  # None on the extra ranks
-        self._base_mesh: DeviceMesh | None = None
-        if self.rank < base:
-            assert isinstance(group, dist.ProcessGroup)
-            self._base_pg = group
-            self._base_mesh = DeviceMesh.from_group(group, self.device.type)
+        self._base_pg = self._meshes.base_group  # None on the extra ranks
 
     @property
     def holds_state(self) -> bool:
@@ -294,19 +276,12 @@ class FSDPActor(Worker):
         if cfg.actor.gradient_checkpointing:
             enable: Any = model.gradient_checkpointing_enable
             enable()
-        grown = self._shard(model, self._world_mesh)
+        grown = self._shard(model, self._meshes.world_mesh)
         grown.train()
         optimizer = self._adamw(grown)
-        self._grown_parts = (grown, optimizer, self._lambda_lr(optimizer))
-        self._place_grown(torch.device("cpu"))
-
-    def _place_grown(self, device: torch.device) -> None:
-        """Moves the grown model and its AdamW state to ``device`` (a no-op on CPU ranks)."""
-        if self.device.type == "cpu":
-            return
-        model, optimizer, _ = self._grown_parts
-        model.to(device)
-        move_optimizer_state(optimizer, device)
+        self._grown_parts = TrainParts(grown, optimizer, self._lambda_lr(optimizer))
+        if self.device.type != "cpu":
+            park(self._grown_parts, torch.device("cpu"))
 
     def _require_state(self, method: str) -> None:
         if not self.holds_state:
@@ -316,39 +291,21 @@ class FSDPActor(Worker):
                 "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
             )
 
-    def _scaling_meta(self) -> dict[str, Any]:
-        """Rank 0's small state for :meth:`scale_up`: schedule, counters, optimizer layout."""
+    def _counters(self) -> dict[str, int]:
+        """The small counters that travel with the state (rank 0's win)."""
         return {
-            "optim": _optim_layout(self.model, self.optimizer),
-            "param_groups": [
-                {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
-            ],
-            "scheduler": self.scheduler.state_dict(),
-            "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(self.model)},
             "optim_steps": self._optim_steps,
             "version": self.version,
             "num_syncs": self.num_syncs,
         }
 
-    def _broadcast_state(
-        self, state: dict[str, Any] | None, group: dist.ProcessGroup | None
-    ) -> dict[str, Any]:
-        """Rank 0's small state (pickled: no tensors but 0-d ones) to every rank of ``group``."""
-        box: list[Any] = [state]
-        dist.broadcast_object_list(box, src=0, group=group)
-        out: dict[str, Any] = box[0]
-        return out
-
     def scale_up(self) -> dict[str, Any]:
         """Grows the actor from its base ranks onto every rank (every rank calls it).
 
-        Rank 0 gathers the base ranks' parameters and AdamW moments (a gather
-        over the base ranks; nothing to gather with one), broadcasts the small
-        state (schedule, param-group hyper-parameters, AdamW step counts,
-        counters) and scatters each rank its rows of every tensor, which it
-        copies into its shard of the grown model and optimizer (built once, at
-        start). Afterwards :meth:`run_training` splits the step's groups over
-        all ranks.
+        Copies the base ranks' parameters, AdamW state, schedule and counters
+        into the grown model and optimizer (built once, at start) with
+        :func:`rlinf.core.fsdp_scaling.grow`. Afterwards :meth:`run_training`
+        splits the step's groups over all ranks.
 
         Returns:
             ``{"seconds", "world_size"}``.
@@ -363,46 +320,28 @@ class FSDPActor(Worker):
             )
         start = time.perf_counter()
         base = self.rank < self.base_world_size
-        fulls: list[torch.Tensor] | None = None
-        meta: dict[str, Any] | None = None
-        if base:
-            layout = _optim_layout(self.model, self.optimizer)
-            sources = _state_tensors(self.model, self.optimizer, layout)
-            fulls = _gather_rows(sources, self._base_pg, self.base_world_size, self.rank)
-            if self.rank == 0:
-                meta = self._scaling_meta()
-        meta = self._broadcast_state(meta, None)
-        model, optimizer, scheduler = self._grown_parts
-        self._place_grown(self.device)
-        targets = _state_tensors(model, optimizer, meta["optim"])
-        _scatter_rows(fulls, targets, None, self.world_size, self.rank)
-        del fulls
-        with torch.no_grad():
-            named = dict(_persistent_buffers(model))
-            for name, value in meta["buffers"].items():
-                named[name].copy_(value)
-        scheduler.load_state_dict(meta["scheduler"])
-        for group, saved in zip(optimizer.param_groups, meta["param_groups"], strict=True):
-            group.update(saved)
-        self._optim_steps = int(meta["optim_steps"])
-        self.version = int(meta["version"])
-        self.num_syncs = int(meta["num_syncs"])
         if base:  # kept for scale_down
-            self._base_state = (self.model, self.optimizer, self.scheduler)
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.mesh = self._world_mesh
+            self._base_parts = TrainParts(self.model, self.optimizer, self.scheduler)
+        parts = self._grown_parts
+        out = grow(
+            self._meshes, self._base_parts if base else None, parts, self.device, self._counters()
+        )
+        self._optim_steps = int(out["extra"]["optim_steps"])
+        self.version = int(out["extra"]["version"])
+        self.num_syncs = int(out["extra"]["num_syncs"])
+        self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
+        assert self._meshes.world_mesh is not None
+        self.mesh = self._meshes.world_mesh
         self._grown = True
         return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
 
     def scale_down(self) -> dict[str, Any]:
         """Shrinks the actor back to its base ranks (every rank calls it).
 
-        Every rank sends its shards of the trained parameters and AdamW moments
-        to rank 0 (one gather), which hands the base ranks their rows (a
-        scatter over the base ranks; a plain copy with one); the schedule,
-        param-group hyper-parameters and step counts are the same on every rank
-        and copied locally. The extra ranks keep only their idle shard of the
-        grown model for the next :meth:`scale_up`.
+        Copies the trained state back into the base ranks' model and optimizer
+        with :func:`rlinf.core.fsdp_scaling.shrink`. The extra ranks keep only
+        their idle shard of the grown model (in host memory on a GPU) for the
+        next :meth:`scale_up`.
 
         Returns:
             ``{"seconds", "world_size"}`` (the base world size).
@@ -416,24 +355,14 @@ class FSDPActor(Worker):
                 + ("runner.online_scaling is off" if not self.scaling else "not grown")
             )
         start = time.perf_counter()
-        grown, optimizer, scheduler = self._grown_parts
-        layout = _optim_layout(grown, optimizer)  # the same on every rank
-        sources = _state_tensors(grown, optimizer, layout)
-        fulls = _gather_rows(sources, None, self.world_size, self.rank)
+        base = self._base_parts if self.rank < self.base_world_size else None
+        shrink(self._meshes, self._grown_parts, base, self.device)
         del self.model, self.optimizer, self.scheduler
-        if self.rank < self.base_world_size:
-            model, base_optim, base_sched = self._base_state
-            del self._base_state
-            targets = _state_tensors(model, base_optim, layout)
-            _scatter_rows(fulls, targets, self._base_pg, self.base_world_size, self.rank)
-            base_sched.load_state_dict(scheduler.state_dict())
-            for group, saved in zip(base_optim.param_groups, optimizer.param_groups, strict=True):
-                group.update({k: v for k, v in saved.items() if k != "params"})
-            self.model, self.optimizer, self.scheduler = model, base_optim, base_sched
-            assert self._base_mesh is not None
-            self.mesh = self._base_mesh
-        del fulls
-        self._place_grown(torch.device("cpu"))
+        if base is not None:
+            self.model, self.optimizer, self.scheduler = base.model, base.optimizer, base.scheduler
+            assert self._meshes.base_mesh is not None
+            self.mesh = self._meshes.base_mesh
+        self._base_parts = None
         self._grown = False
         return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
@@ -1154,217 +1083,3 @@ def _has_dropout(model: nn.Module) -> bool:
 
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-
-
-# ------------------------------------------------------------------ online scaling helpers
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a ``DTensor`` (FSDP2: ``Shard(0)``), or the tensor itself."""
-    to_local = getattr(tensor, "to_local", None)
-    if not callable(to_local):
-        return tensor
-    placements: tuple[Any, ...] = getattr(tensor, "placements", ())
-    if len(placements) != 1 or not placements[0].is_shard(0):
-        raise RuntimeError(
-            f"online scaling re-shards FSDP2 tensors sharded on dim 0 over a 1-D mesh; got "
-            f"placements {placements} for a tensor of shape {tuple(tensor.shape)}"
-        )
-    local: torch.Tensor = to_local()
-    return local
-
-
-def _rows(n: int, parts: int, index: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of dim 0 (size ``n``) in shard ``index`` of ``parts`` (FSDP2 chunks)."""
-    size = -(-n // parts)
-    lo = min(index * size, n)
-    return lo, min(lo + size, n)
-
-
-def _row_numel(shape: torch.Size, parts: int, index: int) -> int:
-    if len(shape) == 0:
-        return 1
-    lo, hi = _rows(shape[0], parts, index)
-    return (hi - lo) * math.prod(shape[1:])
-
-
-def _optim_layout(
-    model: nn.Module, optimizer: torch.optim.Optimizer
-) -> list[dict[str, Any]] | None:
-    """The optimizer state's layout; ``None`` before the first step.
-
-    Per parameter (in ``named_parameters`` order): AdamW's 0-d state values and
-    the names of its state tensors shaped like the parameter.
-
-    An optimizer that has not stepped has no state, and gets none: creating it
-    (as ``get_optimizer_state_dict`` would) bumps the step counts and changes the
-    first update.
-    """
-    if not optimizer.state:
-        return None
-    out: list[dict[str, Any]] = []
-    for name, param in model.named_parameters():
-        state = optimizer.state.get(param, {})
-        scalars: dict[str, torch.Tensor] = {}
-        sharded: list[str] = []
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() == 0:
-                scalars[key] = value.detach().cpu().clone()
-            elif isinstance(value, torch.Tensor) and value.shape == param.shape:
-                sharded.append(key)
-            else:
-                raise RuntimeError(
-                    f"online scaling cannot re-shard optimizer state {key!r} of {name} "
-                    f"({type(value).__name__}); only 0-d values and tensors shaped like the "
-                    "parameter (AdamW's) are supported"
-                )
-        out.append({"scalars": scalars, "sharded": sorted(sharded)})
-    return out
-
-
-def _state_tensors(
-    model: nn.Module, optimizer: torch.optim.Optimizer, layout: list[dict[str, Any]] | None
-) -> list[torch.Tensor]:
-    """The parameters and optimizer state tensors in ``layout``'s order (each a shard).
-
-    Makes ``optimizer``'s state match ``layout`` first: its 0-d values set, missing
-    state tensors created (zeros, filled by the caller), none at all for ``None``.
-    """
-    params: list[torch.Tensor] = [p for _, p in model.named_parameters()]
-    if layout is None:
-        optimizer.state.clear()
-        return params
-    if len(layout) != len(params):
-        raise RuntimeError(
-            f"online scaling: the optimizer layout has {len(layout)} parameters, the model "
-            f"{len(params)}; the base and grown models must be the same architecture"
-        )
-    out: list[torch.Tensor] = []
-    for param, entry in zip(params, layout, strict=True):
-        out.append(param)
-        if not entry["scalars"] and not entry["sharded"]:
-            optimizer.state.pop(param, None)
-            continue
-        state = optimizer.state[param]
-        for key, value in entry["scalars"].items():
-            state[key] = value.clone()
-        for key in entry["sharded"]:
-            current = state.get(key)
-            if not isinstance(current, torch.Tensor) or current.shape != param.shape:
-                state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            out.append(state[key])
-    return out
-
-
-def _gather_rows(
-    sources: list[torch.Tensor], group: dist.ProcessGroup | None, size: int, rank: int
-) -> list[torch.Tensor] | None:
-    """Full tensors on global rank 0 from every rank's shards (one ``gather`` per dtype).
-
-    Args:
-        sources: This rank's sharded tensors (the same list, in order, on every rank).
-        group: The group the tensors are sharded over (``None``: the default one).
-        size: Its size.
-        rank: This rank's index in it.
-
-    Returns:
-        The full tensors on rank 0 (detached views when ``size`` is 1), else ``None``.
-    """
-    locals_ = [_local(t).detach() for t in sources]
-    if size == 1:
-        return locals_
-    shapes = [t.shape for t in sources]
-    fulls: list[torch.Tensor | None] = [None] * len(sources)
-    for dtype in sorted({t.dtype for t in locals_}, key=str):
-        idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
-        counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
-        width = max(1, max(sum(c) for c in counts))
-        device = locals_[idx[0]].device
-        flat = torch.zeros(width, dtype=dtype, device=device)
-        if idx:
-            mine = torch.cat([locals_[j].reshape(-1) for j in idx])
-            flat[: mine.numel()] = mine
-        bufs = [torch.empty_like(flat) for _ in range(size)] if rank == 0 else None
-        dist.gather(flat, bufs, dst=0, group=group)
-        if bufs is None:
-            continue
-        pieces: list[list[torch.Tensor]] = [[] for _ in idx]
-        for d, buf in enumerate(bufs):
-            for k, part in enumerate(torch.split(buf[: sum(counts[d])], counts[d])):
-                j = idx[k]
-                rest = shapes[j][1:]
-                pieces[k].append(part.view(-1, *rest) if shapes[j] else part.view(()))
-        for k, j in enumerate(idx):
-            fulls[j] = torch.cat(pieces[k]) if shapes[j] else pieces[k][0]
-    if rank != 0:
-        return None
-    return [f for f in fulls if f is not None]
-
-
-def _scatter_rows(
-    fulls: list[torch.Tensor] | None,
-    targets: list[torch.Tensor],
-    group: dist.ProcessGroup | None,
-    size: int,
-    rank: int,
-) -> None:
-    """Copies rank 0's full tensors into every rank's shards (one ``scatter`` per dtype).
-
-    Args:
-        fulls: The full tensors (global rank 0), in ``targets``' order; else ``None``.
-        targets: This rank's sharded tensors to overwrite (same list on every rank).
-        group: The group the targets are sharded over (``None``: the default one).
-        size: Its size.
-        rank: This rank's index in it.
-    """
-    locals_ = [_local(t) for t in targets]
-    with torch.no_grad():
-        if size == 1:
-            assert fulls is not None
-            for dst, src in zip(locals_, fulls, strict=True):
-                dst.copy_(src)
-            return
-        shapes = [t.shape for t in targets]
-        for dtype in sorted({t.dtype for t in locals_}, key=str):
-            idx = [j for j, t in enumerate(locals_) if t.dtype == dtype]
-            counts = [[_row_numel(shapes[j], size, d) for j in idx] for d in range(size)]
-            width = max(1, max(sum(c) for c in counts))
-            device = locals_[idx[0]].device
-            recv = torch.empty(width, dtype=dtype, device=device)
-            bufs: list[torch.Tensor] | None = None
-            if rank == 0:
-                assert fulls is not None
-                bufs = []
-                for d in range(size):
-                    buf = torch.zeros(width, dtype=dtype, device=device)
-                    parts = []
-                    for j in idx:
-                        full = fulls[j]
-                        if shapes[j]:
-                            lo, hi = _rows(shapes[j][0], size, d)
-                            full = full[lo:hi]
-                        parts.append(full.reshape(-1).to(device))
-                    if parts:
-                        mine = torch.cat(parts)
-                        buf[: mine.numel()] = mine
-                    bufs.append(buf)
-            dist.scatter(recv, bufs, src=0, group=group)
-            mine_counts = counts[rank]
-            for k, part in enumerate(torch.split(recv[: sum(mine_counts)], mine_counts)):
-                dst = locals_[idx[k]]
-                if dst.numel() != part.numel():
-                    raise RuntimeError(
-                        f"online scaling: shard {rank}/{size} of a tensor of shape "
-                        f"{tuple(shapes[idx[k]])} holds {dst.numel()} elements, expected "
-                        f"{part.numel()} (FSDP2 dim-0 chunks)"
-                    )
-                dst.copy_(part.view_as(dst))
-
-
-def _persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``model``'s buffers that are in its state dict (not sharded by FSDP2)."""
-    out: list[tuple[str, torch.Tensor]] = []
-    for prefix, module in model.named_modules():
-        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
-        for name, buf in module.named_buffers(recurse=False):
-            if buf is not None and name not in skip:
-                out.append((f"{prefix}.{name}" if prefix else name, buf))
-    return out
