@@ -47,12 +47,15 @@ Measured on the shared 2-core box (other jobs running), two runs of the file
   (1.133 s): 0.94x, step time 0.86x; median stages static / scaled: training
   0.539 / 0.595 s, logprob recomputation 0.214 / 0.191 s.
 
-The target (> 1.0) is NOT met. Scale-up + scale-down: 0.030-0.032 s median
-per step (0.40-0.45 s before the grown model was built once): the 2 s target
-is met by far. What is left is the training itself: two gloo ranks train the
-step's batch ~1.4-1.5x faster than one outside Ray, but inside these Ray runs
-no faster than one rank (not explained yet), and which eval first reaches a
-+0.05 goal varies between runs (run 1). See ``docs/online_scaling.md``.
+The target (> 1.0) is NOT met. Scale-up + scale-down: 0.030-0.032 s median per
+step (0.40-0.45 s before the grown model was built once): the 2 s target is met
+by far (with the re-shard shared with the embodied stack in
+``rlinf.core.fsdp_scaling``: 0.041 s and 0.035 s median in two more runs, whose
+static steps were also slower, 1.16 s). What is left is the training itself:
+two gloo ranks train the step's batch ~1.4-1.5x faster than one outside Ray,
+but inside these Ray runs no faster than one rank (not explained yet), and
+which eval first reaches a +0.05 goal varies between runs (run 1). See
+``docs/online_scaling.md``.
 """
 
 from __future__ import annotations

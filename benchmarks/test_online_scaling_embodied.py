@@ -22,16 +22,16 @@ waited on the Ray lock): scale-up + scale-down 0.16 s median per step
 (0.13-0.19 s; 2.5 s on the first step, which builds the grown parts) with the
 first, per-tensor re-shard (``full_tensor`` + broadcast + local slice). Since
 both stacks share ``rlinf.core.fsdp_scaling``'s flat gather/scatter per dtype
-(55 s for the file): 0.029 s median (0.023-0.053 s;
-2.06 s on the first step), 68x under the 2 s target. Step time: static
-0.82/0.71 s, scaled 0.97/0.93 s per step, so 0.80x (before: static 1.06/0.85 s,
-scaled 1.29/0.91 s, 0.87x; both on the shared box): the target (1.0) is NOT
-met at this size. The PPO update of the 64-wide MLP on 2048 samples takes a
-few hundred ms on one rank; two gloo ranks on two shared cores do not train it
-faster. The last ``env/return`` differs a little between the modes (42.0 vs
-44.3 after 5 steps): the minibatch shuffles are seeded per rank, so 1 and 2
-ranks draw different minibatches (the exactness test compares a grown actor
-with a static one of the same size).
+(about 55 s for the file, two runs): 0.029 s and 0.022 s median (0.015-0.066 s;
+2.0 s on the first step), 68-92x under the 2 s target. Step time: static
+0.82/0.71 and 0.77/0.70 s, scaled 0.97/0.93 and 1.12/0.86 s per step, so 0.80x
+and 0.74x (before: static 1.06/0.85 s, scaled 1.29/0.91 s, 0.87x; all on the
+shared box): the target (1.0) is NOT met at this size. The PPO update of the
+64-wide MLP on 2048 samples takes a few hundred ms on one rank; two gloo ranks
+on two shared cores do not train it faster. The last ``env/return`` differs a
+little between the modes (42.0 vs 44.3 after 5 steps): the minibatch shuffles
+are seeded per rank, so 1 and 2 ranks draw different minibatches (the exactness
+test compares a grown actor with a static one of the same size).
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ update.
 
 How (tensor collectives over flat buffers, one per dtype):
 
-* rank 0 pickles the small state (optimizer layout and step counts, param-group
-  hyper-parameters, scheduler ``state_dict``, persistent buffers, ``extra``)
-  and broadcasts it to every rank (one ``broadcast_object_list``);
+* growing, rank 0 pickles the small state (optimizer layout and step counts,
+  param-group hyper-parameters, scheduler ``state_dict``, persistent buffers,
+  ``extra``) and broadcasts it to every rank (one ``broadcast_object_list``);
+  shrinking, every rank holds it already and takes its own;
 * every source rank packs its FSDP2 shards (``Shard(0)`` over a 1-D mesh) of
   the parameters and moments into one flat buffer per dtype; rank 0 gathers
   them (one ``gather`` per dtype; nothing to gather from one rank);
@@ -167,7 +168,14 @@ def grow(
     if device.type != "cpu":
         park(grown, device)
     return _move(
-        base, meshes.base_group, meshes.base_world_size, grown, None, meshes.world_size, extra
+        base,
+        meshes.base_group,
+        meshes.base_world_size,
+        grown,
+        None,
+        meshes.world_size,
+        extra,
+        broadcast=True,
     )
 
 
@@ -180,7 +188,8 @@ def shrink(
 ) -> dict[str, Any]:
     """Copies the grown parts' state back into the base parts; every rank calls it.
 
-    The grown gradients are dropped; on a GPU the grown parts then wait in host
+    The small state is the same on every rank and taken locally (no broadcast);
+    the grown gradients are dropped; on a GPU the grown parts then wait in host
     memory until the next :func:`grow`.
 
     Args:
@@ -195,7 +204,14 @@ def shrink(
     """
     grown.optimizer.zero_grad(set_to_none=True)
     out = _move(
-        grown, None, meshes.world_size, base, meshes.base_group, meshes.base_world_size, extra
+        grown,
+        None,
+        meshes.world_size,
+        base,
+        meshes.base_group,
+        meshes.base_world_size,
+        extra,
+        broadcast=False,  # every rank holds the grown parts' small state already
     )
     if device.type != "cpu":
         park(grown, torch.device("cpu"))
@@ -210,13 +226,14 @@ def _move(
     dst_group: dist.ProcessGroup | None,
     dst_size: int,
     extra: dict[str, Any] | None,
+    broadcast: bool,
 ) -> dict[str, Any]:
     start = time.perf_counter()
     rank = dist.get_rank()
     meta: dict[str, Any] | None = None
-    if rank == 0:
+    if rank == 0 or not broadcast:
         if src is None:
-            raise ValueError("online scaling: rank 0 must hold the source parts")
+            raise ValueError(f"online scaling: rank {rank} must hold the source parts")
         meta = {
             "optim": _optim_layout(src.model, src.optimizer),
             "param_groups": [
@@ -226,9 +243,10 @@ def _move(
             "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(src.model)},
             "extra": extra,
         }
-    box: list[Any] = [meta]
-    dist.broadcast_object_list(box, src=0)
-    meta = box[0]
+    if broadcast:
+        box: list[Any] = [meta]
+        dist.broadcast_object_list(box, src=0)
+        meta = box[0]
     assert meta is not None
     fulls: list[torch.Tensor] | None = None
     nbytes = 0
