@@ -25,7 +25,10 @@ from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
 from rlinf.sched import Cluster
 
 pytest.importorskip("megatron.core")
-pytestmark = pytest.mark.timeout(1800)
+# ~80 s (Megatron TP2 through Ray): slow tier, to keep the default run in its
+# budget; the Megatron actor's own tests (test_actor_megatron.py: TP2 step equals
+# FSDP, checkpoints, weight export) run by default.
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 STEPS = 4
 PLACEMENT = {"actor": "0-1", "rollout": "0-1", "reward": "0-1"}
