@@ -366,6 +366,11 @@ class ActorConfig(RLinfModel):
     enable_offload: bool | None = Field(
         None, description="Offload optimizer state between phases; null: when collocated."
     )
+    reshard_after_forward: bool = Field(
+        True,
+        description="FSDP2: free the gathered parameters after forward (gathered again for "
+        "backward); false keeps them (one collective fewer per micro-batch, a full copy).",
+    )
     dist_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend: auto picks nccl with CUDA, else gloo."
     )

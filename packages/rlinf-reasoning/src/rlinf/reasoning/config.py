@@ -463,6 +463,12 @@ class ActorConfig(RLinfModel):
     reshard_after_forward: bool = Field(
         True, description="FSDP2: free gathered parameters after each layer's forward."
     )
+    fsdp_units: Literal["layers", "model"] = Field(
+        "layers",
+        description="FSDP2 units: 'layers' shards each decoder layer apart from the root "
+        "(gathers one layer at a time: big models); 'model' one unit for the whole model "
+        "(fewest collectives: tiny models on CPU).",
+    )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (saves memory)."
     )

@@ -282,7 +282,7 @@ class EmbodiedFSDPActor(Worker):
         cfg = self.cfg
         torch.manual_seed(cfg.actor.seed)
         policy = build_policy(cfg.actor.model, self._spec).to(self.device)
-        fully_shard(policy, mesh=mesh)
+        fully_shard(policy, mesh=mesh, reshard_after_forward=cfg.actor.reshard_after_forward)
         optim = cfg.actor.optim
         value_params = [p for n, p in policy.named_parameters() if "value_head" in n]
         other_params = [p for n, p in policy.named_parameters() if "value_head" not in n]
@@ -297,6 +297,7 @@ class EmbodiedFSDPActor(Worker):
             betas=optim.adam_betas,
             eps=optim.adam_eps,
             weight_decay=optim.weight_decay,
+            foreach=True,  # one multi-tensor kernel per op (the CPU default loops in Python)
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,

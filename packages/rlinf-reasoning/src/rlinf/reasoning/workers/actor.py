@@ -233,6 +233,7 @@ class FSDPActor(Worker):
             betas=opt.adam_betas,
             eps=opt.adam_eps,
             weight_decay=opt.weight_decay,
+            foreach=True,
         )
 
     def _check_positions(self, limit: object) -> None:
@@ -403,11 +404,16 @@ class FSDPActor(Worker):
         return flag
 
     def _shard(self, model: nn.Module, mesh: DeviceMesh | None = None) -> nn.Module:
-        """FSDP2: each decoder layer and the root over ``mesh`` (default: ``self.mesh``)."""
+        """FSDP2 over ``mesh`` (default: ``self.mesh``): each decoder layer and the root.
+
+        With ``actor.fsdp_units: model`` the root alone (one all-gather per forward).
+        """
         from torch.distributed.fsdp import fully_shard
 
         mesh = self.mesh if mesh is None else mesh
-        names = set(getattr(model, "_no_split_modules", None) or [])
+        names: set[str] = set()
+        if self.cfg.actor.fsdp_units == "layers":
+            names = set(getattr(model, "_no_split_modules", None) or [])
         reshard = self.cfg.actor.reshard_after_forward
         for module in list(model.modules()):
             if type(module).__name__ in names:
@@ -786,6 +792,8 @@ class FSDPActor(Worker):
                             # (all ranks): * tokens here * micro-batches * ranks / total
                             tokens = sum(s.response_length for s in order[lo:hi])
                             scale = tokens * n_micro * self.dp_size / minibatch_tokens
+                        # reduce the gradients once per minibatch, after its last micro-batch
+                        self._set_gradient_sync(k == n_micro - 1)
                         m = self._micro_step(
                             order[lo:hi], n_micro, scale, set_old=bool(fused) and epoch == mb == 0
                         )
@@ -857,6 +865,17 @@ class FSDPActor(Worker):
             derive_seed(self.cfg.runner.seed, "shuffle", step, self.dp_rank, epoch)
         )
         return torch.randperm(n, generator=gen).tolist()
+
+    def _set_gradient_sync(self, enabled: bool) -> None:
+        """FSDP2: whether the next backward reduce-scatters the gradients.
+
+        Off for all but a minibatch's last micro-batch: the gradients accumulate
+        unsharded on each rank and are reduced once (fewer, larger collectives).
+        A no-op for a model that is not ``fully_shard``-ed.
+        """
+        toggle = getattr(self.model, "set_requires_gradient_sync", None)
+        if toggle is not None:
+            toggle(enabled)
 
     def _micro_step(
         self, batch: list[Sample], n_micro: int, loss_scale: float = 1.0, set_old: bool = False
