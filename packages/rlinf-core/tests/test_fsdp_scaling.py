@@ -1,9 +1,11 @@
 """rlinf.core.fsdp_scaling: moving a training state between FSDP2 layouts is exact.
 
-Two processes (gloo, no Ray) run ``fsdp_scaling_ranks.py``: a model grown from
-one rank onto two for each training step and shrunk back after holds the same
-parameters, buffers, AdamW state, learning rates and schedule as a static
-two-rank model trained on the same data.
+``W`` processes (gloo, no Ray) run ``fsdp_scaling_ranks.py``: a model grown from
+``B`` base ranks onto all ``W`` for each training step and shrunk back after
+holds the same parameters, buffers, AdamW state, learning rates and schedule as
+a static ``W``-rank model trained on the same data. Cases: 1 -> 2, 2 -> 4
+(a gather and a scatter over the base subgroup) and 1 -> 3 (uneven dim-0
+chunks on every tensor).
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_grown_and_shrunk_state_equals_a_static_two_rank_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("base", "world"), [(1, 2), (2, 4), (1, 3)], ids=["1to2", "2to4", "1to3"])
+def test_grown_and_shrunk_state_equals_a_static_model(
+    tmp_path: Path, base: int, world: int
+) -> None:
     out = tmp_path / "report.json"
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, str(RANKS_SCRIPT), str(r), port, str(out)],
+            [sys.executable, str(RANKS_SCRIPT), str(r), str(world), str(base), port, str(out)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for r in range(2)
+        for r in range(world)
     ]
     logs = []
     for p in procs:

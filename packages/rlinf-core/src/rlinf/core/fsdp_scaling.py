@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -115,10 +116,13 @@ def setup_scaling(base_world_size: int | None, device: torch.device) -> ScalingM
         The groups and meshes.
 
     Raises:
-        ValueError: ``base_world_size`` is not in ``1..world size``.
+        ValueError: ``base_world_size`` is not an integer in ``1..world size``.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     base = world if base_world_size is None else base_world_size
+    if isinstance(base, bool) or not isinstance(base, numbers.Integral):
+        raise ValueError(f"base_world_size={base!r} must be an integer (a number of ranks)")
+    base = int(base)
     if not 1 <= base <= world:
         raise ValueError(
             f"base_world_size={base} must be in 1..{world} (the actor's ranks); "
