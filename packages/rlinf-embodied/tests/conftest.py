@@ -12,7 +12,7 @@ import torch
 
 if TYPE_CHECKING:
     from rlinf.embodied.config import EmbodiedConfig
-    from rlinf.sched import WorkerGroup
+    from rlinf.sched import Worker, WorkerGroup
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "", None})
 
@@ -61,7 +61,11 @@ def vla_offline() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _launched_groups(
-    cfg: EmbodiedConfig, prefix: str, actor: type, env: type | None = None, slots: int = 2
+    cfg: EmbodiedConfig,
+    prefix: str,
+    actor: type[Worker],
+    env: type[Worker] | None = None,
+    slots: int = 2,
 ) -> Iterator[list[WorkerGroup]]:
     """Actor, rollout and env groups on ``cfg``'s placement in a fresh local Ray (2 CPUs).
 
