@@ -1,4 +1,4 @@
-"""Repo-wide pytest fixtures: one channel namespace per session, and a leak check.
+"""Repo-wide pytest fixtures: one channel namespace per session, a leak check, rank processes.
 
 A channel made by ``Channel.create`` lives until the creating process ends
 (or releases it), not until its handle is dropped. For the pytest process
@@ -13,8 +13,10 @@ import gc
 import itertools
 import os
 import re
+import socket
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,43 @@ def channel_name(request: pytest.FixtureRequest) -> str:
     """A channel name no other test of the session uses."""
     stem = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[:60]
     return f"{stem}.{next(_names)}"
+
+
+def _run_ranks(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> list[str]:
+    """Runs ``python script RANK PORT *args`` for each rank and checks every one exits 0.
+
+    ``PORT`` is a free local port for the ranks' rendezvous. On a timeout every
+    rank is killed and ``subprocess.TimeoutExpired`` propagates.
+
+    Returns:
+        Each rank's output (stdout and stderr), in rank order.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for rank, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    return logs
+
+
+@pytest.fixture
+def run_ranks() -> Callable[..., list[str]]:
+    """Runs a ranks script once per rank (:func:`_run_ranks`): ``run_ranks(script, *args)``."""
+    return _run_ranks

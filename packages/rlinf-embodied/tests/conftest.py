@@ -1,13 +1,18 @@
-"""Fixtures shared by the embodied tests."""
+"""Fixtures shared by the embodied tests: offline VLAs, worker groups on a local Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from rlinf.embodied.config import EmbodiedConfig
+    from rlinf.sched import Worker, WorkerGroup
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost", "", None})
 
@@ -52,3 +57,52 @@ def vla_offline() -> Iterator[None]:
         patch.setattr(socket, "getaddrinfo", getaddrinfo)
         yield
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _launched_groups(
+    cfg: EmbodiedConfig,
+    prefix: str,
+    actor: type[Worker],
+    env: type[Worker] | None = None,
+    slots: int = 2,
+) -> Iterator[list[WorkerGroup]]:
+    """Actor, rollout and env groups on ``cfg``'s placement in a fresh local Ray (2 CPUs).
+
+    The groups are named ``{prefix}-actor`` etc. and shut down on exit; ``env``
+    defaults to :class:`EnvWorker`.
+    """
+    import ray
+
+    from rlinf.embodied.workers import EnvWorker, MultiStepRolloutWorker
+    from rlinf.sched import Cluster, HybridComponentPlacement
+
+    assert not ray.is_initialized()
+    cluster_cfg = {"cpu_slots_per_node": slots}
+    with Cluster(num_nodes=1, cluster_cfg=cluster_cfg, num_cpus=2) as cluster:
+        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
+        launched: list[WorkerGroup] = []
+        try:
+            for cls, role in (
+                (actor, "actor"),
+                (MultiStepRolloutWorker, "rollout"),
+                (env or EnvWorker, "env"),
+            ):
+                launched.append(
+                    cls.create_group(cfg).launch(
+                        cluster,
+                        placement_strategy=placement.get_strategy(role),
+                        name=f"{prefix}-{role}",
+                        timeout=300,
+                    )
+                )
+            yield launched
+        finally:
+            for group in launched:
+                group.shutdown()
+
+
+@pytest.fixture(scope="session")
+def embodied_groups() -> Callable[..., contextlib.AbstractContextManager[list[WorkerGroup]]]:
+    """``with embodied_groups(cfg, prefix, ActorClass) as [actor, rollout, env]:``."""
+    return _launched_groups

@@ -17,19 +17,18 @@ state from the runner's config).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import compose_config, validate_config
 from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
-from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup
+from rlinf.embodied.workers import EmbodiedFSDPActor
+from rlinf.sched import WorkerGroup
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 DISAGG = {"actor": 0, "env": 1, "rollout": 1}
@@ -64,30 +63,12 @@ def scalars(tb_dir: Path, key: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGroup]]:
-    assert not ray.is_initialized()
+def groups(
+    tmp_path_factory: pytest.TempPathFactory, embodied_groups: Callable[..., Any]
+) -> Iterator[list[WorkerGroup]]:
     cfg = make_config(tmp_path_factory.mktemp("launch"), "launch", ["runner.mode=async"])
-    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
-        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
-        launched: list[WorkerGroup] = []
-        try:
-            for cls, name in (
-                (EmbodiedFSDPActor, "actor"),
-                (MultiStepRolloutWorker, "rollout"),
-                (EnvWorker, "env"),
-            ):
-                launched.append(
-                    cls.create_group(cfg).launch(
-                        cluster,
-                        placement_strategy=placement.get_strategy(name),
-                        name=f"appo-{name}",
-                        timeout=300,
-                    )
-                )
-            yield launched
-        finally:
-            for group in launched:
-                group.shutdown()
+    with embodied_groups(cfg, "appo", EmbodiedFSDPActor) as launched:
+        yield launched
 
 
 def test_async_ppo_runs_one_step_off_logs_staleness_and_resumes(

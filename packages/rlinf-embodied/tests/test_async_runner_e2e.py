@@ -13,20 +13,19 @@ worker's state from the runner's config).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.workers import EmbodiedSACActor, EnvWorker, MultiStepRolloutWorker
-from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup
+from rlinf.embodied.workers import EmbodiedSACActor
+from rlinf.sched import WorkerGroup
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
@@ -49,30 +48,12 @@ def make_config(tmp_path: Path, name: str, overrides: Sequence[str] = ()) -> Emb
 
 
 @pytest.fixture(scope="module")
-def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGroup]]:
-    assert not ray.is_initialized()
+def groups(
+    tmp_path_factory: pytest.TempPathFactory, embodied_groups: Callable[..., Any]
+) -> Iterator[list[WorkerGroup]]:
     cfg = make_config(tmp_path_factory.mktemp("launch"), "launch")
-    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
-        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
-        launched: list[WorkerGroup] = []
-        try:
-            for cls, name in (
-                (EmbodiedSACActor, "actor"),
-                (MultiStepRolloutWorker, "rollout"),
-                (EnvWorker, "env"),
-            ):
-                launched.append(
-                    cls.create_group(cfg).launch(
-                        cluster,
-                        placement_strategy=placement.get_strategy(name),
-                        name=f"sac-{name}",
-                        timeout=300,
-                    )
-                )
-            yield launched
-        finally:
-            for group in launched:
-                group.shutdown()
+    with embodied_groups(cfg, "sac", EmbodiedSACActor) as launched:
+        yield launched
 
 
 def test_sac_learns_pendulum(groups: list[WorkerGroup], tmp_path: Path) -> None:

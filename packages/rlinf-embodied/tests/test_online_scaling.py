@@ -13,9 +13,7 @@ in ``test_online_scaling_e2e.py``.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +30,15 @@ CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "
 TOL = 1e-6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def test_grown_step_equals_static_two_rank_actor(tmp_path: Path) -> None:
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANKS_SCRIPT), str(r), port, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+def test_grown_step_equals_static_two_rank_actor(
+    tmp_path: Path, run_ranks: Callable[..., list[str]]
+) -> None:
+    run_ranks(RANKS_SCRIPT, str(tmp_path))
     for step in range(3):
         got = torch.load(tmp_path / f"step{step}.pt", weights_only=False)
         params = {k: v for k, v in got["static"].items() if k in got["initial"]}

@@ -15,19 +15,18 @@ from __future__ import annotations
 import math
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import compose_config, validate_config
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner
-from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
-from rlinf.sched import Cluster, HybridComponentPlacement, WorkerDiedError, WorkerGroup
+from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker
+from rlinf.sched import WorkerDiedError, WorkerGroup
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
@@ -103,30 +102,12 @@ def make_config(
 
 
 @pytest.fixture(scope="module")
-def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGroup]]:
-    assert not ray.is_initialized()
+def groups(
+    tmp_path_factory: pytest.TempPathFactory, embodied_groups: Callable[..., Any]
+) -> Iterator[list[WorkerGroup]]:
     cfg = make_config(tmp_path_factory.mktemp("launch"), "launch", 0)
-    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 3}, num_cpus=2) as cluster:
-        placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
-        launched: list[WorkerGroup] = []
-        try:
-            for cls, role in (
-                (MortalActor, "actor"),
-                (MultiStepRolloutWorker, "rollout"),
-                (MortalEnvWorker, "env"),
-            ):
-                launched.append(
-                    cls.create_group(cfg).launch(
-                        cluster,
-                        placement_strategy=placement.get_strategy(role),
-                        name=f"restart-{role}",
-                        timeout=300,
-                    )
-                )
-            yield launched
-        finally:
-            for group in launched:
-                group.shutdown()
+    with embodied_groups(cfg, "restart", MortalActor, MortalEnvWorker, slots=3) as launched:
+        yield launched
 
 
 def scalars(tb_dir: Path, key: str) -> dict[int, float]:

@@ -16,9 +16,7 @@ The Ray run with a rank killed mid-re-shard is in ``test_online_scaling_ray.py``
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,6 @@ from rlinf.sched.placement import ModelParallelComponentPlacement
 
 RANKS_SCRIPT = Path(__file__).with_name("online_scaling_ranks.py")
 TOL = 1e-6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -62,30 +54,13 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return worst
 
 
-def test_grown_step_equals_static_two_rank_actor(tmp_path: Path) -> None:
+def test_grown_step_equals_static_two_rank_actor(
+    tmp_path: Path, run_ranks: Callable[..., list[str]]
+) -> None:
     task = make_smoke_task(tmp_path / "task")
     out = tmp_path / "out"
     out.mkdir()
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANKS_SCRIPT), str(r), port, str(task), str(out), "2"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    run_ranks(RANKS_SCRIPT, str(task), str(out), "2")
     from safetensors.torch import load_file
 
     init = load_file(task / "model" / "model.safetensors")

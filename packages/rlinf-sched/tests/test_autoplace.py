@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from rlinf.core.autoplace import AutoPlaceReport, format_report, report_to_json
+from rlinf.core.autoplace import (
+    AutoPlaceReport,
+    format_report,
+    medians,
+    ranked_report,
+    report_to_json,
+)
 from rlinf.sched.autoplace import (
     EmbodiedLayout,
     EmbodiedProfile,
@@ -198,3 +204,16 @@ def test_report_formats_as_a_table_and_json() -> None:
     assert data["candidates"][0]["rank"] == 1
     assert data["candidates"][0]["placement"] == {"actor,env,rollout": "0-1"}
     assert len(data["candidates"]) == 1
+
+
+def test_medians_and_ranked_report_refuse_empty_inputs() -> None:
+    med = medians([{"a": 3.0}, {"a": 1.0}, {"a": 2.0}])
+    assert med("a") == 2.0
+    with pytest.raises(ValueError, match="no timed steps"):
+        medians([])
+    prof = EmbodiedProfile(env_s=1.0, rollout_s=1.0, actor_s=0.1, slots=2)
+    cands, skipped = search_embodied(prof, 2, max_stages=2)
+    report = ranked_report(cands, skipped, {"env_cost": 1.0}, "profiled", 2)
+    assert report == AutoPlaceReport(cands, {"env_cost": 1.0}, "profiled", 2, skipped)
+    with pytest.raises(ValueError, match="no placement passes the config's rules:\n  why"):
+        ranked_report([], ["why"], {}, "profiled", 2)

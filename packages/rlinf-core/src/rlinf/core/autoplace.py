@@ -16,6 +16,7 @@ them without either importing the other's layer.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
@@ -28,6 +29,8 @@ __all__ = [
     "PlacementCandidate",
     "available_autoplacers",
     "format_report",
+    "medians",
+    "ranked_report",
     "report_to_json",
 ]
 
@@ -104,7 +107,47 @@ class AutoPlaceReport:
 
 
 AutoPlacer = Callable[..., AutoPlaceReport]
-"""``placer(cfg, *, profile_steps, force_profile, max_stages) -> AutoPlaceReport``."""
+"""``placer(cfg, *, profile_steps=3, force_profile=False, max_stages=4, slots=None)``.
+
+A placer profiles ``profile_steps`` timed steps of ``cfg``'s workers (or reads
+the config's ``profile_data`` unless ``force_profile``), searches the
+placements on ``slots`` resource ranks (default: the config's cluster), trying
+pipelines of up to ``max_stages`` stages where its stack has them, and returns
+the :class:`AutoPlaceReport`, fastest predicted placement first; it raises
+``ValueError`` when no placement passes the config's rules.
+"""
+
+
+def medians(records: Sequence[Mapping[str, float]]) -> Callable[[str], float]:
+    """``med(key)``: the median of ``key`` over timed steps (a profile's inputs).
+
+    Raises:
+        ValueError: No steps.
+    """
+    if not records:
+        raise ValueError("no timed steps to profile from; give at least one step")
+
+    def med(key: str) -> float:
+        return float(statistics.median(r[key] for r in records))
+
+    return med
+
+
+def ranked_report(
+    candidates: list[PlacementCandidate],
+    skipped: list[str],
+    profile: dict[str, float],
+    source: str,
+    num_slots: int,
+) -> AutoPlaceReport:
+    """The report of a search (its fields as in :class:`AutoPlaceReport`).
+
+    Raises:
+        ValueError: No candidate: every placement was refused (``skipped`` says why).
+    """
+    if not candidates:
+        raise ValueError("no placement passes the config's rules:\n  " + "\n  ".join(skipped))
+    return AutoPlaceReport(candidates, profile, source, num_slots, skipped)
 
 
 def available_autoplacers() -> dict[str, Callable[[], AutoPlacer]]:

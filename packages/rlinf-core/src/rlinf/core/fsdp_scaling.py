@@ -51,7 +51,16 @@ from rlinf.core.optim import move_optimizer_state
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["ScalingMeshes", "TrainParts", "grow", "park", "setup_scaling", "shrink"]
+__all__ = [
+    "ScalingMeshes",
+    "TrainParts",
+    "check_phase",
+    "grow",
+    "park",
+    "require_state",
+    "setup_scaling",
+    "shrink",
+]
 
 
 @dataclasses.dataclass
@@ -140,6 +149,48 @@ def setup_scaling(base_world_size: int | None, device: torch.device) -> ScalingM
         out.base_group = group
         out.base_mesh = DeviceMesh.from_group(group, device.type)
     return out
+
+
+def check_phase(method: str, rank: int, scaling: bool, grown: bool) -> None:
+    """Raises unless an actor may run ``scale_up`` (not grown) or ``scale_down`` (grown).
+
+    Args:
+        method: ``"scale_up"`` or ``"scale_down"``.
+        rank: The actor rank (for the message).
+        scaling: Whether online scaling is on.
+        grown: Whether the actor is grown now.
+
+    Raises:
+        RuntimeError: Without online scaling, or in the wrong phase.
+    """
+    up = method == "scale_up"
+    if not scaling or grown == up:
+        why = "already grown" if up else "not grown"
+        raise RuntimeError(
+            f"{method}() on actor rank {rank}: "
+            + ("runner.online_scaling is off" if not scaling else why)
+        )
+
+
+def require_state(method: str, rank: int, base_world_size: int, holds: bool, what: str) -> None:
+    """Raises unless this actor rank holds its training state now (``holds``).
+
+    Args:
+        method: The call that needs the state (for the message).
+        rank: The actor rank.
+        base_world_size: The base ranks (they hold the state between phases).
+        holds: Whether this rank holds the state now.
+        what: What the state is called in the message (``"policy"``, ``"model"``).
+
+    Raises:
+        RuntimeError: On an extra rank outside a training phase.
+    """
+    if not holds:
+        raise RuntimeError(
+            f"{method}() on extra actor rank {rank}: with runner.online_scaling only "
+            f"the base ranks 0..{base_world_size - 1} hold the {what} between training "
+            "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
+        )
 
 
 def park(parts: TrainParts, device: torch.device) -> None:

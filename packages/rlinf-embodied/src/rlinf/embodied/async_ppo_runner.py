@@ -263,28 +263,14 @@ class AsyncPPORunner(EmbodiedRunner):
                 )
                 self.global_step += 1
                 step_end = self.global_step >= total
-                eval_due = (
-                    cfg.val_check_interval > 0
-                    and self.cfg.env.eval is not None
-                    and (self.global_step % cfg.val_check_interval == 0 or step_end)
-                )
-                save_due = cfg.save_interval > 0 and (
-                    self.global_step % cfg.save_interval == 0 or step_end
-                )
+                eval_due, save_due = self._due(step_end)
                 if (eval_due or save_due or step_end) and gen is not None:
                     finish_generation()  # env and rollout must be idle
                 metrics = {**gen_metrics, **out}
                 gen_metrics = {}  # env/* and generation times: once per finished generation
                 metrics["rollout/dropped_batches"] = float(self.dropped_batches)
                 metrics["time/actor_training"] = train_s
-                if eval_due:
-                    start = time.perf_counter()
-                    metrics.update(self.evaluate())
-                    metrics["time/eval"] = time.perf_counter() - start
-                if save_due:
-                    start = time.perf_counter()
-                    self.save_checkpoint()
-                    metrics["time/save_checkpoint"] = time.perf_counter() - start
+                self._eval_and_save(metrics, eval_due, save_due)
                 now = time.perf_counter()
                 metrics["rollout/env_steps"] = float(self.total_env_steps)
                 metrics["rollout/env_steps_per_s"] = (self.total_env_steps - env_mark) / max(

@@ -245,14 +245,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
                     continue
                 updates = self.global_step * alg.updates_per_step
                 step_end = self.global_step >= total
-                eval_due = (
-                    cfg.val_check_interval > 0
-                    and self.cfg.env.eval is not None
-                    and (self.global_step % cfg.val_check_interval == 0 or step_end)
-                )
-                save_due = cfg.save_interval > 0 and (
-                    self.global_step % cfg.save_interval == 0 or step_end
-                )
+                eval_due, save_due = self._due(step_end)
                 sync_due = updates - synced_updates >= alg.weight_sync_interval
                 if (eval_due or save_due or sync_due or step_end) and rollout is not None:
                     continue  # the actor pauses until the rollout epoch ends
@@ -261,14 +254,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
                 if sync_due or eval_due:
                     metrics["time/sync_weights"] = self.update_rollout_weights()
                     synced_updates = updates
-                if eval_due:
-                    start = time.perf_counter()
-                    metrics.update(self.evaluate())
-                    metrics["time/eval"] = time.perf_counter() - start
-                if save_due:
-                    start = time.perf_counter()
-                    self.save_checkpoint()
-                    metrics["time/save_checkpoint"] = time.perf_counter() - start
+                self._eval_and_save(metrics, eval_due, save_due)
                 now = time.perf_counter()
                 metrics.update(_episode_metrics("env", episodes))
                 episodes = []

@@ -18,13 +18,12 @@ supplies what needs the embodied workers and config rules:
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from rlinf.core.autoplace import AutoPlaceReport, PlacementCandidate
+from rlinf.core.autoplace import AutoPlaceReport, PlacementCandidate, medians, ranked_report
 from rlinf.core.config import ConfigError, validate_config
 from rlinf.core.logging import get_logger
 from rlinf.embodied.config import EmbodiedConfig
@@ -257,12 +256,7 @@ def profile_from_steps(
     Raises:
         ValueError: No steps, or the workers did not report env/policy times.
     """
-    if not records:
-        raise ValueError("no timed steps to profile from; give at least one step")
-
-    def med(key: str) -> float:
-        return float(statistics.median(r[key] for r in records))
-
+    med = medians(records)
     env, policy = med("env"), med("policy")
     if env != env or policy != policy:  # NaN
         raise ValueError(
@@ -360,21 +354,10 @@ def auto_place(
     max_stages: int = 4,
     slots: int | None = None,
 ) -> AutoPlaceReport:
-    """Profiles (or reads ``profile_data``), searches placements, ranks them (the CLI's work).
+    """The :data:`~rlinf.core.autoplace.AutoPlacer` of embodied configs (the CLI's work).
 
-    Args:
-        cfg: The embodied config.
-        profile_steps: Timed steps when profiling.
-        force_profile: Profile even if the config has ``profile_data``.
-        max_stages: Largest ``rollout.pipeline_stage_num`` tried.
-        slots: Resource ranks to place on (default: the config's cluster).
-
-    Returns:
-        The report, fastest predicted placement first.
-
-    Raises:
-        ValueError: ``runner.mode: async`` (the model is the sync runner's), or
-            no placement passes the config's rules.
+    ``max_stages`` bounds ``rollout.pipeline_stage_num``. It also raises
+    ``ValueError`` for ``runner.mode: async`` (the model is the sync runner's).
     """
     if cfg.runner.mode != "sync":
         raise ValueError(
@@ -420,9 +403,7 @@ def rank_placements(
         overrides=lambda layout: {"env.train.num_envs": envs // layout.size("env")},
         refuse=refusal_from(lambda layout: candidate_config(cfg, layout, envs)),
     )
-    if not candidates:
-        raise ValueError("no placement passes the config's rules:\n  " + "\n  ".join(skipped))
-    report_profile = {
+    costs = {
         "env_cost": profile.env_s,
         "rollout_cost": profile.rollout_s,
         "actor_cost": profile.actor_s,
@@ -432,7 +413,7 @@ def rank_placements(
         "slots": float(profile.slots),
         "rounds": float(profile.rounds),
     }
-    return AutoPlaceReport(candidates, report_profile, source, slots, skipped)
+    return ranked_report(candidates, skipped, costs, source, slots)
 
 
 def apply_candidate(cfg: EmbodiedConfig, candidate: PlacementCandidate) -> EmbodiedConfig:

@@ -554,19 +554,7 @@ class EmbodiedRunner(ClosesOnExit):
             metrics["actor/world_size_generate"] = float(len(self.base_actor_ranks))
             metrics["actor/world_size_train"] = float(self.actor.world_size)
         self.global_step += 1
-        last_step = self.global_step >= total
-        if (
-            cfg.val_check_interval > 0
-            and self.cfg.env.eval is not None
-            and (self.global_step % cfg.val_check_interval == 0 or last_step)
-        ):
-            start = time.perf_counter()
-            metrics.update(self.evaluate())
-            metrics["time/eval"] = time.perf_counter() - start
-        if cfg.save_interval > 0 and (self.global_step % cfg.save_interval == 0 or last_step):
-            start = time.perf_counter()
-            self.save_checkpoint()
-            metrics["time/save_checkpoint"] = time.perf_counter() - start
+        self._eval_and_save(metrics, *self._due(self.global_step >= total))
         metrics.update(self._worker_timings())
         if self.cfg.runner.max_restarts > 0:
             metrics["train/restarts"] = float(self.restarts)
@@ -583,6 +571,27 @@ class EmbodiedRunner(ClosesOnExit):
                 postfix[key.replace("/", "_")] = metrics[key]
         bar.update(1, **postfix)
         return metrics
+
+    def _due(self, last_step: bool) -> tuple[bool, bool]:
+        """Whether eval and a checkpoint are due after ``global_step`` steps: ``(eval, save)``."""
+        cfg, step = self.cfg.runner, self.global_step
+        eval_due = (
+            cfg.val_check_interval > 0
+            and self.cfg.env.eval is not None
+            and (step % cfg.val_check_interval == 0 or last_step)
+        )
+        return eval_due, cfg.save_interval > 0 and (step % cfg.save_interval == 0 or last_step)
+
+    def _eval_and_save(self, metrics: dict[str, float], eval_due: bool, save_due: bool) -> None:
+        """Evaluates and saves a checkpoint where due, timing each into ``metrics``."""
+        if eval_due:
+            start = time.perf_counter()
+            metrics.update(self.evaluate())
+            metrics["time/eval"] = time.perf_counter() - start
+        if save_due:
+            start = time.perf_counter()
+            self.save_checkpoint()
+            metrics["time/save_checkpoint"] = time.perf_counter() - start
 
     # ------------------------------------------------------------------ teardown
 

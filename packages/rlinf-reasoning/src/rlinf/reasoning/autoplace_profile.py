@@ -16,12 +16,11 @@ supplies what needs the reasoning workers and config rules:
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from rlinf.core.autoplace import AutoPlaceReport
+from rlinf.core.autoplace import AutoPlaceReport, medians, ranked_report
 from rlinf.core.config import ConfigError, validate_config
 from rlinf.core.logging import get_logger
 from rlinf.reasoning.async_grpo import check_async_placement
@@ -81,12 +80,7 @@ def profile_from_metrics(
     Raises:
         ValueError: No steps.
     """
-    if not records:
-        raise ValueError("no timed steps to profile from; give at least one step")
-
-    def med(key: str) -> float:
-        return float(statistics.median(r[key] for r in records))
-
+    med = medians(records)
     parts = ("time/rollout", "time/reward", "time/actor/inference", "time/actor/training")
     rollout, reward, inference, train = (med(k) for k in parts)
     sync, step = med("time/sync_weights"), med("time/step")
@@ -179,20 +173,10 @@ def auto_place(
     max_stages: int = 4,
     slots: int | None = None,
 ) -> AutoPlaceReport:
-    """Profiles (or reads ``profile_data``), searches placements, ranks them (the CLI's work).
+    """The :data:`~rlinf.core.autoplace.AutoPlacer` of reasoning configs (the CLI's work).
 
-    Args:
-        cfg: The reasoning config.
-        profile_steps: Timed steps when profiling.
-        force_profile: Profile even if the config has ``profile_data``.
-        max_stages: Unused (reasoning streams prompt groups; no stage count to choose).
-        slots: Resource ranks to place on (default: the config's cluster).
-
-    Returns:
-        The report, fastest predicted placement first.
-
-    Raises:
-        ValueError: No placement passes the config's rules.
+    ``max_stages`` is unused: reasoning streams prompt groups, so there is no
+    stage count to choose.
     """
     del max_stages
     if slots is not None and slots < 1:
@@ -209,9 +193,7 @@ def auto_place(
     candidates, skipped = search_reasoning(
         profile, n, refuse=refusal_from(lambda layout: candidate_config(cfg, layout))
     )
-    if not candidates:
-        raise ValueError("no placement passes the config's rules:\n  " + "\n  ".join(skipped))
-    report_profile = {
+    costs = {
         "rollout_cost": profile.rollout_s,
         "reward_cost": profile.reward_s,
         "inference_cost": profile.inference_s,
@@ -221,4 +203,4 @@ def auto_place(
         "slots": float(profile.slots),
         "stream_units": float(profile.groups),
     }
-    return AutoPlaceReport(candidates, report_profile, source, n, skipped)
+    return ranked_report(candidates, skipped, costs, source, n)

@@ -71,12 +71,20 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, init_process_group, select_device
-from rlinf.core.fsdp_scaling import ScalingMeshes, TrainParts, grow, setup_scaling, shrink
+from rlinf.core.fsdp_scaling import (
+    ScalingMeshes,
+    TrainParts,
+    check_phase,
+    grow,
+    require_state,
+    setup_scaling,
+    shrink,
+)
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.embodied import EnvSpec, RolloutBatch, Trajectory
 from rlinf.core.seeding import derive_seed
 from rlinf.core.train_state import load_train_state, save_train_state
-from rlinf.core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBucket, send_weights
+from rlinf.core.weight_sync import DEFAULT_BUCKET_BYTES, send_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
@@ -341,12 +349,7 @@ class EmbodiedFSDPActor(Worker):
         return {"world_size": self.world_size, "base_world_size": self.base_world_size}
 
     def _require_state(self, method: str) -> None:
-        if not self.holds_state:
-            raise RuntimeError(
-                f"{method}() on extra actor rank {self.rank}: with runner.online_scaling only "
-                f"the base ranks 0..{self.base_world_size - 1} hold the policy between training "
-                "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
-            )
+        require_state(method, self.rank, self.base_world_size, self.holds_state, "policy")
 
     def _require_grown(self, method: str) -> None:
         if not self.grown:
@@ -369,11 +372,7 @@ class EmbodiedFSDPActor(Worker):
         Raises:
             RuntimeError: Without online scaling, or when already grown.
         """
-        if not self.scaling or self._grown:
-            raise RuntimeError(
-                f"scale_up() on actor rank {self.rank}: "
-                + ("runner.online_scaling is off" if not self.scaling else "already grown")
-            )
+        check_phase("scale_up", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
         assert self._meshes is not None
         if self._grown_parts is None:
@@ -409,11 +408,7 @@ class EmbodiedFSDPActor(Worker):
         Raises:
             RuntimeError: Without online scaling, or when not grown.
         """
-        if not self.scaling or not self._grown:
-            raise RuntimeError(
-                f"scale_down() on actor rank {self.rank}: "
-                + ("runner.online_scaling is off" if not self.scaling else "not grown")
-            )
+        check_phase("scale_down", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
         assert self._meshes is not None and self._grown_parts is not None
         out = shrink(self._meshes, self._grown_parts, self._base_parts, self.device)
@@ -509,15 +504,8 @@ class EmbodiedFSDPActor(Worker):
             if self._offload
             else contextlib.nullcontext()
         )
-        groups: list[tuple[str, int | list[int]]] = [
-            (self.group_name, 0),
-            (self._rollout_group, list(range(self._rollout_world_size))),
-        ]
-
-        def send(bucket: WeightBucket) -> None:
-            timeout = self.cfg.runner.channel_timeout_s
-            self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
-
+        timeout = self.cfg.runner.channel_timeout_s
+        send = self.broadcast_sender(self._rollout_group, self._rollout_world_size, timeout)
         with self.worker_timer("sync_weights"):
             with lock:
                 state = self.get_full_state_dict(self._parts()[0].frozen_from_disk)

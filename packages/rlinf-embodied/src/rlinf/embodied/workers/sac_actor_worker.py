@@ -50,7 +50,7 @@ from rlinf.core.checkpoint import rng_state, set_rng_state
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvSpec, Trajectory
 from rlinf.core.seeding import derive_seed
-from rlinf.core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBucket, send_weights
+from rlinf.core.weight_sync import DEFAULT_BUCKET_BYTES, send_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import SACPolicy, build_policy
 from rlinf.embodied.replay import ReplayBuffer, Transitions
@@ -214,15 +214,8 @@ class EmbodiedSACActor(Worker):
             The weight version sent (train steps done).
         """
         model, _ = self._parts()
-        groups: list[tuple[str, int | list[int]]] = [
-            (self.group_name, 0),
-            (self._rollout_group, list(range(self._rollout_world_size))),
-        ]
-
-        def send(bucket: WeightBucket) -> None:
-            timeout = self.cfg.runner.channel_timeout_s
-            self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
-
+        timeout = self.cfg.runner.channel_timeout_s
+        send = self.broadcast_sender(self._rollout_group, self._rollout_world_size, timeout)
         with self.worker_timer("sync_weights"):
             state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
             send_weights(list(state.items()), self.global_step, DEFAULT_BUCKET_BYTES, send)

@@ -88,7 +88,16 @@ from rlinf.core.algorithms import (
 )
 from rlinf.core.channel import Channel
 from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
-from rlinf.core.fsdp_scaling import ScalingMeshes, TrainParts, grow, park, setup_scaling, shrink
+from rlinf.core.fsdp_scaling import (
+    ScalingMeshes,
+    TrainParts,
+    check_phase,
+    grow,
+    park,
+    require_state,
+    setup_scaling,
+    shrink,
+)
 from rlinf.core.optim import lr_lambda, move_optimizer_state
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.seeding import derive_seed
@@ -285,12 +294,7 @@ class FSDPActor(Worker):
             park(self._grown_parts, torch.device("cpu"))
 
     def _require_state(self, method: str) -> None:
-        if not self.holds_state:
-            raise RuntimeError(
-                f"{method}() on extra actor rank {self.rank}: with runner.online_scaling only "
-                f"the base ranks 0..{self.base_world_size - 1} hold the model between training "
-                "phases; call it on those (WorkerGroup.execute_on) or after scale_up()"
-            )
+        require_state(method, self.rank, self.base_world_size, self.holds_state, "model")
 
     def _counters(self) -> dict[str, int]:
         """The small counters that travel with the state (rank 0's win)."""
@@ -314,11 +318,7 @@ class FSDPActor(Worker):
         Raises:
             RuntimeError: Without online scaling, or when already grown.
         """
-        if not self.scaling or self._grown:
-            raise RuntimeError(
-                f"scale_up() on actor rank {self.rank}: "
-                + ("runner.online_scaling is off" if not self.scaling else "already grown")
-            )
+        check_phase("scale_up", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
         base = self.rank < self.base_world_size
         if base:  # kept for scale_down
@@ -350,11 +350,7 @@ class FSDPActor(Worker):
         Raises:
             RuntimeError: Without online scaling, or when not grown.
         """
-        if not self.scaling or not self._grown:
-            raise RuntimeError(
-                f"scale_down() on actor rank {self.rank}: "
-                + ("runner.online_scaling is off" if not self.scaling else "not grown")
-            )
+        check_phase("scale_down", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
         base = self._base_parts if self.rank < self.base_world_size else None
         shrink(self._meshes, self._grown_parts, base, self.device)
@@ -476,15 +472,8 @@ class FSDPActor(Worker):
             timeout=self.cfg.runner.step_timeout_s,
         )
         with phase:
-            groups: list[tuple[str, int | list[int]]] = [
-                (self.group_name, 0),
-                (rollout_group, list(range(rollout_world_size))),
-            ]
-
-            def send(bucket: WeightBucket) -> None:
-                timeout = self.cfg.runner.channel_timeout_s
-                self.broadcast(bucket, groups, src=(self.group_name, 0), timeout=timeout)
-
+            timeout = self.cfg.runner.channel_timeout_s
+            send = self.broadcast_sender(rollout_group, rollout_world_size, timeout)
             cap = int(self.cfg.actor.sync_bucket_mb * _MIB)
             buckets, total, num_tensors = self._send_weights(
                 version, cap, send if self.rank == 0 else None

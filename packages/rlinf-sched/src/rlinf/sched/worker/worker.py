@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -232,6 +232,25 @@ class Worker:
             ValueError: This worker is not a participant, or ``src`` is not.
         """
         return self._p2p.broadcast(obj, groups, src, async_op, timeout)
+
+    def broadcast_sender(
+        self, group: str, world_size: int, timeout: float | None = None
+    ) -> Callable[[Any], None]:
+        """A sender from this group's rank 0 to every rank of ``group`` (weight sync).
+
+        Each call of the sender is one :meth:`broadcast` of its argument over
+        ``(this group, 0)`` and ranks ``0..world_size-1`` of ``group``; the
+        receivers call :meth:`broadcast` with the same participants.
+        """
+        groups: list[tuple[str, int | list[int]]] = [
+            (self.group_name, 0),
+            (group, list(range(world_size))),
+        ]
+
+        def send(obj: Any) -> None:
+            self.broadcast(obj, groups, src=(self.group_name, 0), timeout=timeout)
+
+        return send
 
     def create_channel(self, name: str, maxsize: int = 0, **kwargs: Any) -> Channel:
         """Creates a channel on this worker's node, reachable by name from the whole cluster.
