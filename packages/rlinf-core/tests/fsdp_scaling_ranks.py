@@ -1,6 +1,6 @@
 """One rank of the :mod:`rlinf.core.fsdp_scaling` check (run by test_fsdp_scaling.py).
 
-Usage: ``python fsdp_scaling_ranks.py RANK WORLD BASE PORT OUT_JSON``.
+Usage: ``python fsdp_scaling_ranks.py RANK PORT WORLD BASE OUT_JSON``.
 
 ``WORLD`` gloo ranks. A static model sharded over every rank and an
 online-scaling pair (base parts on ranks ``0..BASE-1``, grown parts over every
@@ -84,8 +84,9 @@ def diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def main() -> None:
-    rank, world, base_size = (int(a) for a in sys.argv[1:4])
-    port, out = sys.argv[4], sys.argv[5]
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    world, base_size = int(sys.argv[3]), int(sys.argv[4])
+    out = sys.argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from rlinf.core.fsdp_scaling import grow, setup_scaling, shrink

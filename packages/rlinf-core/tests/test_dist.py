@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -105,6 +106,47 @@ def test_a_group_without_gradients_reports_zero_and_default_names() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert clip_and_step(optimizer, max_norm=1.0) == ({"actor/grad_norm": 0.0}, True)
     assert full_tensor(3.5) == 3.5
+
+
+def test_fsdp_sharded_gradients_take_one_all_reduce_and_clip_like_torch(
+    single_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init_process_group("gloo", torch.device("cpu"), 30.0)
+    plain_actor, plain_critic, plain_opt = _two_groups()
+    want, _ = clip_and_step(plain_opt, max_norm=1.0)  # torch's clip_grad_norm_ on plain tensors
+    actor, critic = torch.nn.Linear(3, 2), torch.nn.Linear(3, 1)
+    actor.load_state_dict(plain_actor.state_dict())  # the stepped weights: only grads matter
+    critic.load_state_dict(plain_critic.state_dict())
+    mesh = init_device_mesh("cpu", (1,))
+    for module in (actor, critic):
+        fully_shard(module, mesh=mesh)  # parameters and gradients become DTensor shards
+    optimizer = torch.optim.SGD(
+        [
+            {"params": actor.parameters(), "name": "actor"},
+            {"params": critic.parameters(), "name": "critic"},
+        ],
+        lr=0.1,
+    )
+    x = torch.ones(4, 3)
+    # the same gradients as _two_groups(): they depend on the input only
+    (actor(x).sum() * 10 + critic(x).sum()).backward()
+    reduces: list[torch.Tensor] = []
+    real_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduces.append(tensor.detach().clone())
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", counting_all_reduce)
+    norms, stepped = clip_and_step(optimizer, max_norm=1.0)
+    assert stepped and norms == pytest.approx(want, rel=1e-6)
+    assert len(reduces) == 1 and reduces[0].numel() == 2, "one all-reduce for both groups"
+    for module in (actor, critic):  # both norms were above the bound (8 and more)
+        grads = [full_tensor(p.grad).flatten() for p in module.parameters()]
+        assert float(torch.cat(grads).norm()) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_derive_seed_is_stable_across_processes_and_separates_streams() -> None:

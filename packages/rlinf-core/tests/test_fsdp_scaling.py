@@ -11,9 +11,7 @@ chunks on every tensor).
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,37 +19,12 @@ import pytest
 RANKS_SCRIPT = Path(__file__).with_name("fsdp_scaling_ranks.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize(("base", "world"), [(1, 2), (2, 4), (1, 3)], ids=["1to2", "2to4", "1to3"])
 def test_grown_and_shrunk_state_equals_a_static_model(
-    tmp_path: Path, base: int, world: int
+    tmp_path: Path, base: int, world: int, run_ranks: Callable[..., list[str]]
 ) -> None:
     out = tmp_path / "report.json"
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANKS_SCRIPT), str(r), str(world), str(base), port, str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    run_ranks(RANKS_SCRIPT, str(world), str(base), str(out), ranks=world, timeout=120)
     steps = json.loads(out.read_text())["steps"]
     assert len(steps) == 3
     for step in steps:

@@ -13,6 +13,10 @@ One rule for each, so the stacks cannot drift apart:
   param group (clipped when ``max_norm`` is set); when any norm is not finite
   the optimizer does not step (the gradients are dropped either way) and the
   caller counts the skipped step: both actors log ``actor/skipped_steps``.
+  FSDP2-sharded gradients are measured and scaled on their local shards with
+  one all-reduce for all groups (torch's ``clip_grad_norm_`` dispatches every
+  op through ``DTensor`` and reduces once per group); other gradients go
+  through ``clip_grad_norm_``.
 
 Needs torch (the ``rl`` extra of rlinf-core).
 """
@@ -88,14 +92,64 @@ def clip_and_step(
         without gradients has norm 0.
     """
     bound = max_norm if max_norm else math.inf
+    groups = optimizer.param_groups
+    grads = [[p.grad for p in group["params"] if p.grad is not None] for group in groups]
+    names = [f"{group.get('name', default_name)}/grad_norm" for group in groups]
+    sharded = _sharded_grad_norms(grads)
     norms: dict[str, float] = {}
-    for group in optimizer.param_groups:
-        params = [p for p in group["params"] if p.grad is not None]
-        norm = 0.0
-        if params:
-            norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, bound)))
-        norms[f"{group.get('name', default_name)}/grad_norm"] = norm
+    if sharded is not None:  # one all-reduce for every group, on the local shards
+        for name, group_grads, norm in zip(names, grads, sharded, strict=True):
+            norms[name] = float(norm)
+            if group_grads and math.isfinite(bound):
+                coef = torch.clamp(bound / (norm + 1e-6), max=1.0)
+                torch._foreach_mul_([g.to_local() for g in group_grads], coef)
+    else:
+        for name, group in zip(names, groups, strict=True):
+            params = [p for p in group["params"] if p.grad is not None]
+            norm = 0.0
+            if params:
+                norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, bound)))
+            norms[name] = norm
     stepped = all(math.isfinite(n) for n in norms.values())
     if stepped:
         optimizer.step()
     return norms, stepped
+
+
+def _sharded_grad_norms(grads: list[list[torch.Tensor]]) -> torch.Tensor | None:
+    """Each list's gradient 2-norm, when all are FSDP2 shards (``DTensor``) of one 1-D mesh.
+
+    Sums the squares of the local shards per list and all-reduces them at once:
+    one collective for every param group and no ``DTensor`` dispatch (which
+    costs ~20x the arithmetic on a small model: ``clip_grad_norm_`` on
+    ``DTensor`` gradients made up a third of a two-rank PPO update of the
+    CartPole MLP). ``None`` when the fast path does not apply (plain tensors,
+    other placements or meshes, no gradients): the caller uses torch's own.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    flat = [g for group in grads for g in group]
+    if not flat or not all(isinstance(g, DTensor) for g in flat):
+        return None
+    meshes = {g.device_mesh for g in flat}  # type: ignore[attr-defined]
+    if len(meshes) != 1:
+        return None
+    mesh = meshes.pop()
+    if mesh.ndim != 1 or not all(
+        isinstance(p, Shard)
+        for g in flat
+        for p in g.placements  # type: ignore[attr-defined]
+    ):
+        return None
+    squares = []
+    for group in grads:
+        local = [g.to_local().float() for g in group]  # type: ignore[attr-defined]
+        norms = torch._foreach_norm(local) if local else []
+        squares.append(
+            torch.stack(list(norms)).square().sum()
+            if norms
+            else torch.zeros((), device=flat[0].device)
+        )
+    total = torch.stack(squares)
+    dist.all_reduce(total, group=mesh.get_group())
+    return total.sqrt()
