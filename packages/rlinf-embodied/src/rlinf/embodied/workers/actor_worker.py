@@ -305,7 +305,7 @@ class EmbodiedFSDPActor(Worker):
             betas=optim.adam_betas,
             eps=optim.adam_eps,
             weight_decay=optim.weight_decay,
-            foreach=True,  # one multi-tensor kernel per op (the CPU default loops in Python)
+            fused=True,  # one kernel per param group (CPU default: a Python loop over tensors)
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,

@@ -242,7 +242,7 @@ class FSDPActor(Worker):
             betas=opt.adam_betas,
             eps=opt.adam_eps,
             weight_decay=opt.weight_decay,
-            foreach=True,
+            fused=True,  # one kernel per param group (CPU default: a Python loop over tensors)
         )
 
     def _check_positions(self, limit: object) -> None:
