@@ -28,13 +28,17 @@ both stacks share ``rlinf.core.fsdp_scaling``'s flat gather/scatter per dtype
 and 0.74x (before: static 1.06/0.85 s, scaled 1.29/0.91 s, 0.87x; all on the
 shared box): the target (1.0) is NOT met at this size. The PPO update of the
 64-wide MLP on 2048 samples takes a few hundred ms on one rank; two gloo ranks
-on two shared cores do not train it faster. On a quiet box (2026-11-27, 33 s for the file), after the config kept the MLP
-gathered from forward to backward (``actor.reshard_after_forward: false``) and
-AdamW went multi-tensor: scale-up + scale-down 0.011-0.015 s per step (1.3 s
-on the first); step time static 0.38/0.33 s, scaled 0.50/0.52 s: 0.69x, still
-NOT met. Training takes 0.29 s on two ranks against 0.15-0.19 s on one: 16
-optimizer steps of ~10 ms each, and each costs two ranks several ~1 ms gloo
-collectives and DTensor's per-op overhead. The last ``env/return`` differs a
+on two shared cores do not train it faster.
+
+On a quiet box (2026-11-27, 33 s for the file), after the config kept the MLP
+gathered from forward to backward (``actor.reshard_after_forward: false``):
+step time static 0.38/0.33 s, scaled 0.50/0.52 s, 0.69x (training 0.29 s on two
+ranks against 0.15-0.19 s on one: 16 optimizer steps of ~10 ms each, and each
+costs two ranks several ~1 ms gloo collectives and DTensor's per-op overhead).
+After ``clip_and_step`` clipped the local shards with one all-reduce for both
+param groups and AdamW went fused: 0.85x (static 0.38/0.32 s, scaled 0.42/0.41
+s) and 0.88x (0.32/0.29 s vs 0.34/0.35 s), still NOT met; scale-up + scale-down
+0.011-0.015 s per step (1.3 s on the first). The last ``env/return`` differs a
 little between the modes (42.0 vs 44.3 after 5 steps): the minibatch shuffles
 are seeded per rank, so 1 and 2 ranks draw different minibatches (the exactness
 test compares a grown actor with a static one of the same size).
