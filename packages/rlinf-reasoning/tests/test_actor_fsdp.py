@@ -367,3 +367,38 @@ def test_dropout_turns_the_fused_first_minibatch_off(toy: Path, make_actor: Any)
     actor.model.config.attention_dropout = 0.0
     actor.model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.1))
     assert _has_dropout(actor.model)
+
+
+def test_fsdp_units_and_resharding_shape_the_wrapping_not_the_update(
+    toy: Path, make_actor: Any
+) -> None:
+    """``actor.fsdp_units`` decides which modules are FSDP2 units; the update stays the same.
+
+    ``layers`` makes each decoder layer a unit of its own beside the root;
+    ``model`` only the root (one all-gather per forward). With either, and with
+    the gathered parameters kept from forward to backward or not, one training
+    step (two micro-batches per minibatch: gradients reduced after the last)
+    gives the same weights (plain SGD, so updates compare).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = _groups(toy, 1.0)[:4]
+    weights: dict[tuple[str, bool], dict[str, torch.Tensor]] = {}
+    for units, reshard in (("layers", True), ("model", True), ("model", False), ("layers", False)):
+        cfg = _cfg(toy, n_minibatches=2)
+        cfg.actor.micro_batch_size = 4
+        cfg.actor.fsdp_units = units  # type: ignore[assignment]
+        cfg.actor.reshard_after_forward = reshard
+        actor = make_actor(cfg)
+        layers = actor.model.model.layers
+        assert isinstance(actor.model, FSDPModule)
+        assert all(isinstance(layer, FSDPModule) == (units == "layers") for layer in layers)
+        # plain SGD: AdamW's first step turns rounding-level gradients into +-lr moves
+        actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
+        actor.run_training(_ListChannel(copy.deepcopy(groups)), 0)
+        weights[units, reshard] = {n: t.clone() for n, t in actor.full_weights()}
+    first = weights["layers", True]
+    for key, other in weights.items():
+        assert max(float((first[k] - other[k]).abs().max()) for k in first) < 1e-6, key
+    start = make_actor(_cfg(toy)).full_weights()
+    assert max(float((first[n] - t).abs().max()) for n, t in start) > 1e-4, "training moved"

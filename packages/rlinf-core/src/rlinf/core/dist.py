@@ -31,7 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["clip_and_step", "full_tensor", "init_process_group", "select_device"]
+__all__ = [
+    "clip_and_step",
+    "full_tensor",
+    "init_process_group",
+    "reshard_fsdp",
+    "select_device",
+]
 
 
 def select_device() -> torch.device:
@@ -114,6 +120,23 @@ def clip_and_step(
     if stepped:
         optimizer.step()
     return norms, stepped
+
+
+def reshard_fsdp(model: torch.nn.Module) -> None:
+    """Frees every FSDP2 unit's gathered parameters, so the next forward gathers the shards.
+
+    Call it before an optimizer step. A unit with ``reshard_after_forward=False``
+    stays gathered after a forward until a backward reshards it; after a
+    no-grad forward (a logprob recomputation) nothing does, and the forward
+    after the optimizer step would reuse the gathered copy of the weights
+    from before the step. A no-op for units already resharded and for modules
+    that are not FSDP2 units.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _sharded_grad_norms(grads: list[list[torch.Tensor]]) -> torch.Tensor | None:

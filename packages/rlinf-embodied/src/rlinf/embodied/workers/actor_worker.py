@@ -70,7 +70,7 @@ from rlinf.core.algorithms import (
     value_loss,
 )
 from rlinf.core.channel import Channel
-from rlinf.core.dist import clip_and_step, init_process_group, select_device
+from rlinf.core.dist import clip_and_step, init_process_group, reshard_fsdp, select_device
 from rlinf.core.fsdp_scaling import (
     ScalingMeshes,
     TrainParts,
@@ -737,6 +737,7 @@ class EmbodiedFSDPActor(Worker):
                     idx = minibatch[k * micro : (k + 1) * micro]
                     means.add(self._micro_step(model, data, idx, accum))
                 # One optimizer step; a non-finite global norm skips it (counted).
+                reshard_fsdp(model)  # no gathered copy outlives the step
                 norms, stepped = clip_and_step(optimizer, cfg.actor.optim.clip_grad)
                 means.add(norms)
                 skipped += not stepped

@@ -87,7 +87,13 @@ from rlinf.core.algorithms import (
     truncated_is_weights,
 )
 from rlinf.core.channel import Channel
-from rlinf.core.dist import clip_and_step, full_tensor, init_process_group, select_device
+from rlinf.core.dist import (
+    clip_and_step,
+    full_tensor,
+    init_process_group,
+    reshard_fsdp,
+    select_device,
+)
 from rlinf.core.fsdp_scaling import (
     ScalingMeshes,
     TrainParts,
@@ -945,6 +951,7 @@ class FSDPActor(Worker):
 
     def _optimizer_step(self) -> tuple[dict[str, float], bool]:
         lr = float(self.optimizer.param_groups[0]["lr"])
+        reshard_fsdp(self.model)  # no gathered copy from a no-grad forward outlives the step
         # One fused norm (one collective under FSDP2); a non-finite one skips the step.
         norms, stepped = clip_and_step(self.optimizer, self.cfg.actor.optim.clip_grad)
         self.optimizer.zero_grad(set_to_none=True)
