@@ -33,10 +33,10 @@ Rows (higher is better):
   the step at which an eval first reaches the goal moves by tens of steps
   between async runs, 250, 200 and 200 in the last three, and the sync step
   follows the other jobs' load on the box); on a quiet box with the one-unit
-  FSDP2 recipe and fused AdamW, 0.93x (async 250 steps, sync 200);
+  FSDP2 recipe and fused AdamW, 1.00x (async 240 steps, sync 200);
 * step time, from the same runs: ``sync median time/step / async median
   time/step`` (steps after the first ``WARMUP``); informational (1.39x, 0.98x,
-  1.05x; then 1.22x, 1.39x and 1.13x; quiet box, one-unit recipe: 1.18x).
+  1.05x; then 1.22x, 1.39x and 1.13x; quiet box, one-unit recipe: 1.19x).
   Its ceiling is ``1 + G / A``: the async step
   is at best the actor's own time A (~0.7-0.9 s, depending on the load), the
   sync one adds the ~0.25-0.3 s of generation G (``docs/sync_vs_async.md``

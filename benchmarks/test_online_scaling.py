@@ -43,19 +43,18 @@ tens of steps between such runs (measured: 15 to 60). One data order decides
 nothing (one run measured 0.40x, another 1.74x); the sum over three orders
 is the row.
 
-Measured on a quiet 2-core box (2026-11-27; 3-3.3 min for the file), after
-the recipe moved to one FSDP2 unit for the tiny model kept gathered from
-forward to backward (``actor.fsdp_units: model``,
-``reshard_after_forward: false``) and the actor to one gradient reduction per
-minibatch and a multi-tensor AdamW:
+Measured on a quiet 2-core box (2026-11-27; 3.5 min for the file), with the
+recipe's one FSDP2 unit for the tiny model kept gathered from forward to
+backward (``actor.fsdp_units: model``, ``reshard_after_forward: false``), one
+gradient reduction per minibatch, a fused AdamW and the local-shard clip:
 
-* run 1: time to goal 79.7 s static (25, 45, 50 steps) vs 61.9 s scaled (50,
-  50, 15 steps): **1.29x**; median step 0.635 vs 0.493 s: **1.29x**;
-* run 2: 82.6 s (25, 45, 50) vs 75.0 s (45, 55, 25): **1.10x**; step 0.638 vs
-  0.549 s: **1.16x**;
-* scale-up + scale-down 0.020-0.023 s median per step, ~90x under the 2 s
-  budget; training 0.25-0.28 s on two ranks vs 0.35-0.37 s on one, the
-  logprob recomputation 0.06-0.07 vs 0.10 s.
+* run 1: time to goal 91.9 s static (25, 50, 60 steps) vs 81.9 s scaled (55,
+  45, 55 steps): **1.12x**; median step 0.648 vs 0.490 s: **1.32x**;
+* run 2: 92.8 s (25, 50, 60) vs 73.9 s (40, 40, 60): **1.25x**; step 0.654 vs
+  0.501 s: **1.31x**;
+* scale-up + scale-down ~0.02 s median per step, ~97x under the 2 s budget;
+  training 0.24-0.26 s on two ranks vs 0.35-0.36 s on one, the logprob
+  recomputation 0.06-0.07 vs 0.10-0.11 s.
 
 Before (one data order, per-layer FSDP2 units resharded after forward, a
 gradient reduce-scatter per micro-batch): step time 0.83-1.07x and time to
