@@ -6,7 +6,7 @@ import math
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,9 +58,15 @@ def test_process_group_backend_and_timeout(single_rank: None) -> None:
     assert backend.options._timeout.total_seconds() == 7.0
 
 
-def _two_groups() -> tuple[torch.nn.Linear, torch.nn.Linear, torch.optim.Optimizer]:
+def _two_groups(
+    wrap: Callable[[torch.nn.Module], object] | None = None,
+) -> tuple[torch.nn.Linear, torch.nn.Linear, torch.optim.Optimizer]:
+    """Actor and critic (seeded) with gradients, in two named param groups; ``wrap`` each first."""
     torch.manual_seed(0)
     actor, critic = torch.nn.Linear(3, 2), torch.nn.Linear(3, 1)
+    for module in (actor, critic):
+        if wrap is not None:
+            wrap(module)
     optimizer = torch.optim.SGD(
         [
             {"params": actor.parameters(), "name": "actor"},
@@ -115,24 +121,10 @@ def test_fsdp_sharded_gradients_take_one_all_reduce_and_clip_like_torch(
     from torch.distributed.fsdp import fully_shard
 
     init_process_group("gloo", torch.device("cpu"), 30.0)
-    plain_actor, plain_critic, plain_opt = _two_groups()
-    want, _ = clip_and_step(plain_opt, max_norm=1.0)  # torch's clip_grad_norm_ on plain tensors
-    actor, critic = torch.nn.Linear(3, 2), torch.nn.Linear(3, 1)
-    actor.load_state_dict(plain_actor.state_dict())  # the stepped weights: only grads matter
-    critic.load_state_dict(plain_critic.state_dict())
+    want, _ = clip_and_step(_two_groups()[2], max_norm=1.0)  # torch's clip on plain tensors
     mesh = init_device_mesh("cpu", (1,))
-    for module in (actor, critic):
-        fully_shard(module, mesh=mesh)  # parameters and gradients become DTensor shards
-    optimizer = torch.optim.SGD(
-        [
-            {"params": actor.parameters(), "name": "actor"},
-            {"params": critic.parameters(), "name": "critic"},
-        ],
-        lr=0.1,
-    )
-    x = torch.ones(4, 3)
-    # the same gradients as _two_groups(): they depend on the input only
-    (actor(x).sum() * 10 + critic(x).sum()).backward()
+    # the same seeded modules and gradients, as FSDP2 DTensor shards
+    actor, critic, optimizer = _two_groups(wrap=lambda m: fully_shard(m, mesh=mesh))
     reduces: list[torch.Tensor] = []
     real_all_reduce = dist.all_reduce
 
