@@ -145,8 +145,9 @@ def _sharded_grad_norms(grads: list[list[torch.Tensor]]) -> torch.Tensor | None:
     Sums the squares of the local shards per list and all-reduces them at once:
     one collective for every param group and no ``DTensor`` dispatch
     (``clip_grad_norm_`` on ``DTensor`` gradients, measured with py-spy, made
-    up a third of a two-rank PPO update of the CartPole MLP). ``None`` when the fast path does not apply (plain tensors,
-    other placements or meshes, no gradients): the caller uses torch's own.
+    up a third of a two-rank PPO update of the CartPole MLP). ``None`` when
+    the fast path does not apply (plain tensors, other placements or meshes,
+    no gradients): the caller uses torch's own.
     """
     from torch.distributed.tensor import DTensor, Shard
 
