@@ -97,7 +97,9 @@ DATA_SEEDS = (42, 7, 2024)
 TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300, batch_size=64)
 
 
-def _cfg(toy: Path, logs: Path, scaling: bool, data_seed: int = DATA_SEEDS[0]) -> ReasoningConfig:
+def _cfg(
+    toy: Path, logs: Path, scaling: bool, data_seed: int = DATA_SEEDS[0], *extra: str
+) -> ReasoningConfig:
     return load_config(
         "toy_grpo_cpu",
         CONFIG_DIR,
@@ -113,6 +115,7 @@ def _cfg(toy: Path, logs: Path, scaling: bool, data_seed: int = DATA_SEEDS[0]) -
             "runner.logger.logger_backends=[]",
             f"+runner.online_scaling={str(scaling).lower()}",
             f"data.seed={data_seed}",
+            *extra,
         ],
         ReasoningConfig,
     )
@@ -243,6 +246,58 @@ def test_online_scaling_vs_static_time_to_accuracy(
         1.0 / results["static"]["step_time"],
         unit="steps/s",
         baseline_name="static actor (1 rank)",
+        target=1.0,
+        floor=0.25,
+    )
+
+
+MEGATRON_STEPS = 12
+
+
+def test_online_scaling_megatron_step_time(
+    tmp_path: Path, record_ratio: Callable[..., object]
+) -> None:
+    """The Megatron actor (TP = 1): step time with online scaling (1 -> 2 replicas) vs static.
+
+    The same recipe, ``actor.training_backend=megatron``; ``MEGATRON_STEPS``
+    steps per mode from the warm start, no evals (step time only; the
+    time-to-accuracy row above is the FSDP actor's).
+    """
+    pytest.importorskip("megatron.core")
+    assert not ray.is_initialized()
+    toy = tmp_path / "toy"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    make_toy_task(toy, TASK)
+    torch.set_num_threads(before)
+    extra = ("+actor.training_backend=megatron",)
+    medians: dict[str, float] = {}
+    scale_s: list[float] = []
+    with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
+        for mode, on in {"static": False, "scaled": True}.items():
+            cfg = _cfg(toy, tmp_path / mode, on, DATA_SEEDS[0], *extra)
+            groups = launch_reasoning_groups(cfg, cluster, f"meg-{mode}-")[1:]
+            runner = ReasoningRunner(cfg, *groups)
+            try:
+                runner.init_workers()
+                steps = [runner.train_step() for _ in range(MEGATRON_STEPS)]
+            finally:
+                runner.close()
+                for group in groups:
+                    group.shutdown()
+            medians[mode] = statistics.median(m["time/step"] for m in steps[WARMUP:])
+            scale_s += [m.get("time/scale_up", 0.0) + m.get("time/scale_down", 0.0) for m in steps]
+            print(
+                f"megatron {mode}: median step {medians[mode]:.3f} s, training "
+                f"{statistics.median(m['time/actor/training'] for m in steps[WARMUP:]):.3f} s"
+            )
+    print(f"megatron scale up+down seconds per step: {[round(s, 4) for s in scale_s if s]}")
+    record_ratio(
+        "online scaling vs static, Megatron actor (TP 1, 1 -> 2 replicas), toy task step time",
+        1.0 / medians["scaled"],
+        1.0 / medians["static"],
+        unit="steps/s",
+        baseline_name="static Megatron actor (1 rank)",
         target=1.0,
         floor=0.25,
     )

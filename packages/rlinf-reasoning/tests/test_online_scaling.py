@@ -5,8 +5,11 @@
   2-rank actor on the same data, while grown and after shrinking back (then
   only the base rank holds the model; the extra rank keeps only its idle shard
   of the grown one, for the next scale-up);
-* config: online scaling is refused with the Megatron actor, async GRPO, KL
-  terms and the embodied runner, with errors naming the key;
+* the same for the Megatron actor (TP = 1): grown from 1 to 2 data-parallel
+  replicas = a static 2-replica actor (weights, AdamW state, schedule);
+* config: online scaling is refused with async GRPO, KL terms (FSDP), Megatron
+  with PP > 1 or the distributed optimizer, and the embodied runner, with
+  errors naming the key;
 * placement: the grown actor's ranks sit on the actor's then the rollout's
   resources; collocated placement is refused.
 
@@ -16,6 +19,7 @@ The Ray run with a rank killed mid-re-shard is in ``test_online_scaling_ray.py``
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ from rlinf.sched import ClusterInfo, ScalingError, WorkerError, grown_actor_stra
 from rlinf.sched.placement import ModelParallelComponentPlacement
 
 RANKS_SCRIPT = Path(__file__).with_name("online_scaling_ranks.py")
+MEGATRON_SCRIPT = Path(__file__).with_name("megatron_scaling_ranks.py")
 TOL = 1e-6
 
 
@@ -120,13 +125,58 @@ def test_config_refuses_unsupported_online_scaling(sections: dict[str, Any], nee
     validate_config(_cfg(), ReasoningConfig)  # the plain FSDP setting is fine
 
 
-def test_config_refuses_online_scaling_with_megatron() -> None:
+@pytest.mark.parametrize(
+    ("parallel", "needle"),
+    [
+        ({"pipeline_model_parallel_size": 2}, "actor.model.pipeline_model_parallel_size"),
+        ({"use_distributed_optimizer": True}, "use_distributed_optimizer"),
+    ],
+)
+def test_config_refuses_megatron_online_scaling_it_cannot_grow(
+    parallel: dict[str, Any], needle: str
+) -> None:
     from rlinf.reasoning.config import _check_online_scaling
 
     cfg = validate_config(_cfg(), ReasoningConfig)
     cfg.actor.__dict__["training_backend"] = "megatron"  # megatron-core may not be installed
-    with pytest.raises(ValueError, match=r"runner.online_scaling.*actor.training_backend"):
+    _check_online_scaling(cfg)  # TP/DP without the distributed optimizer grows
+    cfg.actor.model.__dict__.update(parallel)
+    with pytest.raises(ValueError, match=r"runner\.online_scaling") as info:
         _check_online_scaling(cfg)
+    assert needle in str(info.value)
+
+
+def test_megatron_grown_step_equals_static_two_replica_actor(
+    tmp_path: Path, run_ranks: Callable[..., list[str]]
+) -> None:
+    """Megatron (TP = 1): grown from 1 to 2 replicas = a static 2-replica actor, to 1e-6."""
+    pytest.importorskip("megatron.core")
+    task = make_smoke_task(tmp_path / "task")
+    out = tmp_path / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        second_port = str(s.getsockname()[1])
+    run_ranks(MEGATRON_SCRIPT, str(task), str(out), second_port, "2", timeout=420)
+    from safetensors.torch import load_file
+
+    init = load_file(task / "model" / "model.safetensors")
+    for step in range(2):
+        got = torch.load(out / f"step{step}.pt", weights_only=False)
+        moved = max(
+            float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
+        )
+        assert moved > 1e-3  # the steps really changed the weights: the checks have teeth
+        grown = _max_diff(got["grown"], got["static"])
+        shrunk = _max_diff(got["scaled"], got["static"])
+        optim = _max_diff(got["scaled_optim"], got["static_optim"])
+        print(
+            f"\nmegatron step {step}: |grown - static| {grown:.2e}, after scale-down "
+            f"{shrunk:.2e}, optim {optim:.2e}; scale up/down seconds {got['timings']}"
+        )
+        assert grown <= TOL and shrunk <= TOL and optim <= TOL
+        assert got["static_optim"] and got["static_sched"] == got["scaled_sched"]
+        assert got["optim_steps"] == 2 * (step + 1)
 
 
 def _placement(spec: dict[str, Any], slots: int = 2) -> ModelParallelComponentPlacement:

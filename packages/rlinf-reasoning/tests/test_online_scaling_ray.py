@@ -3,11 +3,14 @@
 Disaggregated placement on two CPU slots (actor on slot 0, rollout and reward on
 slot 1), ``runner.online_scaling: true``: the actor group has two ranks, rank 1
 on the rollout's slot. A tiny untrained Qwen2 (learning does not matter here).
+Both actors: FSDP (re-sharded state) and Megatron (TP = 1, replicated state;
+its checkpoints are written and read by both ranks).
 
 * every step logs ``time/scale_up``, ``time/scale_down`` and the actor's world
   size per phase (1 generating, 2 training) and trains on the step's prompts;
 * the extra rank SIGKILLs itself in the middle of the step-3 scale-up (after
-  the broadcast, before it keeps its shard): the run ends at once with a
+  the small state's broadcast, before it keeps its shard; Megatron: in the
+  replica broadcast): the run ends at once with a
   :class:`ScalingError` naming the phase and the rank (no hang), and after a
   relaunch it resumes from its last checkpoint (step 2) and finishes.
 """
@@ -27,7 +30,7 @@ from rlinf.core.config import validate_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import make_smoke_task
-from rlinf.reasoning.workers import FSDPActor
+from rlinf.reasoning.workers import FSDPActor, MegatronActor
 from rlinf.sched import Cluster, ScalingError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -60,7 +63,35 @@ class DiesReSharding(FSDPActor):
         return super().scale_up()
 
 
-def make_config(toy: Path, logs: Path, name: str, **runner: Any) -> ReasoningConfig:
+class MegatronDiesReSharding(MegatronActor):
+    """The Megatron actor's rank 1 dies in the tensor broadcast of its step-``KILL_AT`` scale-up.
+
+    The small state's broadcast has passed; rank 0 is inside
+    :func:`rlinf.core.fsdp_scaling.replicate`'s flat-buffer broadcast.
+    """
+
+    def scale_up(self) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        self._ups = getattr(self, "_ups", 0) + 1
+        marker = Path(self.cfg.runner.logger.experiment_dir) / "killed-mid-reshard"
+        if self.rank == 1 and self._ups == KILL_AT + 1 and not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+
+            def die(*args: Any, **kwargs: Any) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            dist.broadcast = die  # this process only
+        return super().scale_up()
+
+
+ACTORS: dict[str, type[FSDPActor]] = {"fsdp": DiesReSharding, "megatron": MegatronDiesReSharding}
+
+
+def make_config(
+    toy: Path, logs: Path, name: str, backend: str = "fsdp", **runner: Any
+) -> ReasoningConfig:
     return validate_config(
         {
             "cluster": {
@@ -96,25 +127,34 @@ def make_config(toy: Path, logs: Path, name: str, **runner: Any) -> ReasoningCon
                 "n_minibatches": 1,
                 "sampling_params": {"temperature": 1.0, "max_new_tokens": 4},
             },
-            "actor": {"model_path": str(toy / "model"), "micro_batch_size": 8},
+            "actor": {
+                "training_backend": backend,
+                "model_path": str(toy / "model"),
+                "micro_batch_size": 8,
+            },
             "reward": {"num_workers": 1},
         },
         ReasoningConfig,
     )
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module", params=sorted(ACTORS))
+def setup(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    backend = request.param
+    if backend == "megatron":
+        pytest.importorskip("megatron.core")
     assert not ray.is_initialized()
     toy = make_smoke_task(tmp_path_factory.mktemp("toy"), num_prompts=40)
     logs = tmp_path_factory.mktemp("logs")
-    cfg = make_config(toy, logs, "launch")
+    cfg = make_config(toy, logs, "launch", backend)
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
         _, actor, rollout, reward = launch_reasoning_groups(
-            cfg, cluster, "scaling-", timeout=300, actor_cls=DiesReSharding
+            cfg, cluster, "scaling-", timeout=300, actor_cls=ACTORS[backend]
         )
         try:
-            yield {"toy": toy, "logs": logs, "groups": [actor, rollout, reward]}
+            yield {"toy": toy, "logs": logs, "backend": backend, "groups": [actor, rollout, reward]}
         finally:
             for group in (actor, rollout, reward):
                 group.shutdown()
@@ -128,7 +168,8 @@ def test_online_scaling_run_logs_phases_and_survives_a_rank_killed_mid_reshard(
     # rank 0 on the actor's slot, rank 1 on the rollout's
     assert [p.resource_ranks for p in actor.placements] == [(0,), (1,)]
     assert [p.resource_ranks for p in rollout.placements] == [(1,)]
-    cfg = make_config(setup["toy"], setup["logs"], "kill")
+    backend = setup["backend"]
+    cfg = make_config(setup["toy"], setup["logs"], "kill", backend)
     runner = ReasoningRunner(cfg, actor, rollout, reward)
     try:
         runner.init_workers()
@@ -152,7 +193,10 @@ def test_online_scaling_run_logs_phases_and_survives_a_rank_killed_mid_reshard(
     for group in groups:
         group.relaunch()
     resumed = ReasoningRunner(
-        make_config(setup["toy"], setup["logs"], "kill", resume_dir="auto"), actor, rollout, reward
+        make_config(setup["toy"], setup["logs"], "kill", backend, resume_dir="auto"),
+        actor,
+        rollout,
+        reward,
     )
     try:
         resumed.init_workers()

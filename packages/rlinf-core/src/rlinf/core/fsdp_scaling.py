@@ -31,6 +31,11 @@ peak memory is one full copy of parameters and moments), one shard's worth on
 every other rank; a few collectives per dtype whatever the number of tensors.
 On a GPU the grown parts wait in host memory between phases (:func:`park`).
 
+Replicated state (data-parallel replicas that each hold whole tensors, as the
+Megatron actor's CPU path) needs no re-sharding: :func:`replicate` broadcasts
+one replica's state to the others (the same small state, then one flat
+buffer per dtype).
+
 Needs torch (the ``rl`` extra of rlinf-core).
 """
 
@@ -57,6 +62,7 @@ __all__ = [
     "check_phase",
     "grow",
     "park",
+    "replicate",
     "require_state",
     "setup_scaling",
     "shrink",
@@ -289,15 +295,7 @@ def _move(
     if rank == 0 or not broadcast:
         if src is None:
             raise ValueError(f"online scaling: rank {rank} must hold the source parts")
-        meta = {
-            "optim": _optim_layout(src.model, src.optimizer),
-            "param_groups": [
-                {k: v for k, v in g.items() if k != "params"} for g in src.optimizer.param_groups
-            ],
-            "scheduler": None if src.scheduler is None else src.scheduler.state_dict(),
-            "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(src.model)},
-            "extra": extra,
-        }
+        meta = _small_state(src, extra)
     if broadcast:
         box: list[Any] = [meta]
         dist.broadcast_object_list(box, src=0)
@@ -313,16 +311,77 @@ def _move(
         targets = _state_tensors(dst.model, dst.optimizer, meta["optim"], create=True)
         nbytes = sum(t.numel() * t.element_size() for t in targets)
         _scatter_rows(fulls, targets, dst_group, dst_size, rank)
-        with torch.no_grad():
-            named = dict(_persistent_buffers(dst.model))
-            for name, value in meta["buffers"].items():
-                named[name].copy_(value)
-        for g, saved in zip(dst.optimizer.param_groups, meta["param_groups"], strict=True):
-            g.update(saved)
-        if dst.scheduler is not None and meta["scheduler"] is not None:
-            dst.scheduler.load_state_dict(meta["scheduler"])
+        _load_small_state(dst, meta)
     del fulls
     return {"extra": meta["extra"], "bytes": nbytes, "seconds": time.perf_counter() - start}
+
+
+def replicate(
+    parts: TrainParts, group: dist.ProcessGroup, src: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Copies rank ``src``'s training state to every rank of ``group``; they all call it.
+
+    For replicated state: data-parallel replicas that each hold whole tensors
+    (the Megatron actor's CPU path, without the distributed optimizer). ``src``
+    broadcasts the small state (as :func:`grow`), then the parameters and
+    optimizer moments as one flat buffer per dtype.
+
+    Args:
+        parts: This rank's training parts (the same layout on every rank).
+        group: The replicas' group.
+        src: The global rank whose state the others take.
+        extra: Small picklable counters; ``src``'s reach every rank.
+
+    Returns:
+        ``{"extra": src's extra, "bytes": state bytes, "seconds": wall time}``.
+    """
+    start = time.perf_counter()
+    sender = dist.get_rank() == src
+    box: list[Any] = [_small_state(parts, extra) if sender else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    meta: dict[str, Any] = box[0]
+    tensors = _state_tensors(parts.model, parts.optimizer, meta["optim"], create=not sender)
+    with torch.no_grad():
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            same = [t for t in tensors if t.dtype == dtype]
+            if sender:
+                flat = torch.cat([t.detach().reshape(-1) for t in same])
+            else:
+                numel = sum(t.numel() for t in same)
+                flat = torch.empty(numel, dtype=dtype, device=same[0].device)
+            dist.broadcast(flat, src=src, group=group)
+            if not sender:
+                for t, part in zip(same, torch.split(flat, [t.numel() for t in same]), strict=True):
+                    t.copy_(part.view_as(t))
+    if not sender:
+        _load_small_state(parts, meta)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return {"extra": meta["extra"], "bytes": nbytes, "seconds": time.perf_counter() - start}
+
+
+def _small_state(src: TrainParts, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """What moves pickled: optimizer layout, param-group values, schedule, buffers, ``extra``."""
+    return {
+        "optim": _optim_layout(src.model, src.optimizer),
+        "param_groups": [
+            {k: v for k, v in g.items() if k != "params"} for g in src.optimizer.param_groups
+        ],
+        "scheduler": None if src.scheduler is None else src.scheduler.state_dict(),
+        "buffers": {n: b.detach().cpu().clone() for n, b in _persistent_buffers(src.model)},
+        "extra": extra,
+    }
+
+
+def _load_small_state(dst: TrainParts, meta: dict[str, Any]) -> None:
+    """Sets ``dst``'s buffers, param-group values and schedule from :func:`_small_state`."""
+    with torch.no_grad():
+        named = dict(_persistent_buffers(dst.model))
+        for name, value in meta["buffers"].items():
+            named[name].copy_(value)
+    for g, saved in zip(dst.optimizer.param_groups, meta["param_groups"], strict=True):
+        g.update(saved)
+    if dst.scheduler is not None and meta["scheduler"] is not None:
+        dst.scheduler.load_state_dict(meta["scheduler"])
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -104,9 +104,10 @@ class ReasoningRunnerConfig(RunnerConfig):
     )
     online_scaling: bool = Field(
         False,
-        description="Disaggregated placement, FSDP actor: after each step's generation the "
-        "actor grows onto the rollout's devices for training and shrinks back before the "
-        "next generation (see docs/online_scaling.md).",
+        description="Disaggregated placement, FSDP actor or Megatron actor (PP 1, no "
+        "distributed optimizer): after each step's generation the actor grows onto the "
+        "rollout's devices for training and shrinks back before the next generation "
+        "(see docs/online_scaling.md).",
     )
 
 
@@ -674,18 +675,28 @@ class ReasoningConfig(RLinfModel):
 def _check_online_scaling(cfg: ReasoningConfig) -> None:
     """Refuses ``runner.online_scaling`` where it is not implemented (the message names the key)."""
     fix = "set runner.online_scaling: false"
-    if cfg.actor.training_backend != "fsdp":
-        raise ValueError(
-            f"runner.online_scaling=true is implemented for actor.training_backend='fsdp' "
-            f"only, not {cfg.actor.training_backend!r}; {fix} or use the FSDP actor"
-        )
+    megatron = cfg.actor.training_backend == "megatron"
+    if megatron:
+        parallel = cfg.actor.model
+        if parallel.pipeline_model_parallel_size != 1:
+            raise ValueError(
+                "runner.online_scaling=true with the Megatron actor adds data-parallel "
+                "replicas and needs actor.model.pipeline_model_parallel_size=1, got "
+                f"{parallel.pipeline_model_parallel_size}; {fix} or set it to 1"
+            )
+        if parallel.use_distributed_optimizer:
+            raise ValueError(
+                "runner.online_scaling=true replicates per-rank AdamW state and cannot "
+                "re-shard Megatron's distributed optimizer (actor.model."
+                f"use_distributed_optimizer=true); {fix} or set it to null or false"
+            )
     if cfg.algorithm.is_async:
         raise ValueError(
             f"runner.online_scaling=true needs synchronous GRPO, but algorithm.max_staleness="
             f"{cfg.algorithm.max_staleness} (the rollout never stops generating); {fix} or "
             "set algorithm.max_staleness: 0"
         )
-    if cfg.needs_ref_model:
+    if cfg.needs_ref_model and not megatron:  # Megatron: every rank keeps its own copy
         raise ValueError(
             "runner.online_scaling=true does not re-shard the frozen reference model that KL "
             f"terms need (algorithm.kl_beta={cfg.algorithm.kl_beta}, reinpp_kl_beta="

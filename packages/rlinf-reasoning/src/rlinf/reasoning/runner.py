@@ -18,7 +18,8 @@ One step (``N = algorithm.rollout_batch_size`` prompts, ``G = group_size``):
 Every sample of a step comes from the weights synced at its start (checked:
 the actor reports the versions it trained on).
 
-With ``runner.online_scaling`` (disaggregated placement, FSDP actor) the actor
+With ``runner.online_scaling`` (disaggregated placement; FSDP actor, or Megatron with
+PP = 1) the actor
 group is launched over the actor's and the rollout's devices
 (:func:`rlinf.sched.grown_actor_strategy`); a step then runs generation and
 reward first, grows the actor onto the rollout's devices
@@ -272,6 +273,8 @@ class ReasoningRunner(ClosesOnExit):
             )
         self.base_actor_ranks = list(range(actor.world_size))
         """The actor ranks that hold the model between steps (fewer with online scaling)."""
+        self.checkpoint_actor_ranks = list(range(actor.world_size))
+        """The actor ranks that save and load checkpoints (the base ones with FSDP scaling)."""
 
     # ------------------------------------------------------------------ setup
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
@@ -336,6 +339,8 @@ class ReasoningRunner(ClosesOnExit):
                     "places extra ranks on the rollout's devices)"
                 )
             self.base_actor_ranks = list(range(base))
+            ckpt = int(actor_info[0].get("checkpoint_world_size", base))
+            self.checkpoint_actor_ranks = list(range(ckpt))
         _log.info(
             "workers ready: actor %s, rollout %s, reward %s (%s placement), %d steps",
             actor_info[0],
@@ -771,7 +776,7 @@ class ReasoningRunner(ClosesOnExit):
         """
         step = self.global_step
         with new_checkpoint(self.checkpoint_root, step) as path:
-            actor = self.actor.execute_on(*self.base_actor_ranks)
+            actor = self.actor.execute_on(*self.checkpoint_actor_ranks)
             actor.save_checkpoint(str(path), step).wait(self.cfg.runner.step_timeout_s)
             cursor = (
                 self._async.cursor_for(step)
@@ -799,7 +804,7 @@ class ReasoningRunner(ClosesOnExit):
         path = Path(path)
         allow = self.cfg.runner.allow_config_change
         progress = load_run_state(path, self.cfg, allow_config_change=allow)
-        actor = self.actor.execute_on(*self.base_actor_ranks)
+        actor = self.actor.execute_on(*self.checkpoint_actor_ranks)
         steps = actor.load_checkpoint(str(path)).wait(self.cfg.runner.step_timeout_s)
         if any(s != progress.global_step for s in steps):
             raise RuntimeError(

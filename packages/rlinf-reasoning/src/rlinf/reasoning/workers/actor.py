@@ -185,6 +185,7 @@ class FSDPActor(Worker):
         self._setup_scaling()
         info: dict[str, Any] = {"device": str(self.device), "backend": backend}
         info["base_world_size"] = self.base_world_size
+        info["checkpoint_world_size"] = self.checkpoint_world_size
         num_params = 0
         if self.holds_state:  # the extra ranks hold nothing outside training phases
             self._build_models()
@@ -276,6 +277,11 @@ class FSDPActor(Worker):
     def holds_state(self) -> bool:
         """Whether this rank holds the model now (a base rank, or any rank while grown)."""
         return self._grown or self.rank < self.base_world_size
+
+    @property
+    def checkpoint_world_size(self) -> int:
+        """The ranks ``0..n-1`` that save and load checkpoints: the base ranks."""
+        return self.base_world_size
 
     def _build_grown(self) -> None:
         """Online scaling: the model, AdamW and LR schedule over every rank, built once.

@@ -42,6 +42,19 @@ are consecutive).
   data-parallel or tensor-parallel size resumes (checked: TP 2 -> 1 and
   DP 2 -> 1; another PP size is unchecked).
 
+* Online scaling (``runner.online_scaling``, PP = 1, without the distributed
+  optimizer): every rank builds and keeps a whole replica of its TP shard
+  (the ranks beyond ``base_world_size`` add data-parallel replicas; TP and PP
+  stay as they are). Between training phases the base replicas form the
+  data-parallel group; :meth:`scale_up` broadcasts replica 0's parameters,
+  AdamW state, schedule and counters to every replica
+  (:func:`rlinf.core.fsdp_scaling.replicate`) and trains over all of them;
+  :meth:`scale_down` only switches back to the base replicas' group (every
+  replica took the same, all-reduced steps). Checkpoints are saved and loaded
+  by every rank (``dist_checkpointing`` coordinates over the whole group; replica
+  0 writes). On GPUs the extra replicas wait in host memory between training
+  phases (unchecked).
+
 Cost: per micro-batch the forward/backward of the shard plus three
 ``[B, T]`` all-reduces over TP for the logprobs (two more for the entropy);
 per optimizer step one all-reduce of the gradients over DP and one scalar
@@ -53,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +76,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlinf.core.channel import Channel
+from rlinf.core.fsdp_scaling import TrainParts, check_phase, replicate, require_state
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.core.weight_sync import WeightBucket
 from rlinf.reasoning.megatron.dist_optimizer import GpuTraining
@@ -103,7 +118,7 @@ class MegatronActor(FSDPActor):
         self._mp_group = ps.get_model_parallel_group()
         self._mp_rank = dist.get_rank(self._mp_group)
         self._mp_src = dist.get_global_rank(self._mp_group, 0)
-        self._dp = ps.get_data_parallel_group()
+        self._dp = self._dp_all = ps.get_data_parallel_group()
         self.pp_size = pp
         self._pp_group = ps.get_pipeline_model_parallel_group()
         self._pp_rank = ps.get_pipeline_model_parallel_rank()
@@ -145,11 +160,16 @@ class MegatronActor(FSDPActor):
         return self._gpu.torch_optimizer
 
     def _uses_distributed_optimizer(self) -> bool:
-        """``actor.model.use_distributed_optimizer``, resolved (null: CUDA and no offload)."""
+        """``actor.model.use_distributed_optimizer`` resolved (null: CUDA, no offload/scaling)."""
         flag = self.cfg.actor.model.use_distributed_optimizer
         cuda = self.device.type == "cuda"
         if flag is None:
-            return cuda and not self._offload_enabled
+            return cuda and not self._offload_enabled and not self.scaling
+        if flag and self.scaling:
+            raise ValueError(
+                "actor.model.use_distributed_optimizer=true cannot grow online (runner."
+                "online_scaling: true replicates per-rank AdamW state); set it to null or false"
+            )
         if flag and not cuda:
             raise ValueError(
                 f"actor.model.use_distributed_optimizer=true needs CUDA, but the actor runs on "
@@ -162,6 +182,103 @@ class MegatronActor(FSDPActor):
                 "actor.enable_offload: false, or use_distributed_optimizer: null/false"
             )
         return flag
+
+    # ------------------------------------------------------------ online scaling
+    def _setup_scaling(self) -> None:
+        """Online scaling: how many ranks are base ranks (the groups come with the model)."""
+        base = self.world_size if self._base_world_arg is None else self._base_world_arg
+        if isinstance(base, bool) or not isinstance(base, int) or not 1 <= base <= self.world_size:
+            raise ValueError(
+                f"base_world_size={base!r} must be an integer in 1..{self.world_size} (the "
+                "actor's ranks); launch the group with fewer base ranks than ranks, or none"
+            )
+        self.base_world_size = base
+        self.scaling = base < self.world_size
+        self._grown = not self.scaling
+
+    @property
+    def holds_state(self) -> bool:
+        """Always: every rank builds and keeps a replica (extra ranks train only when grown)."""
+        return True
+
+    @property
+    def checkpoint_world_size(self) -> int:
+        """Every rank: ``dist_checkpointing`` coordinates over the whole group."""
+        return self.world_size
+
+    def _require_state(self, method: str) -> None:
+        active = self._grown or self.rank < self.base_world_size
+        require_state(method, self.rank, self.base_world_size, active, "model")
+
+    def _build_grown(self) -> None:
+        """Online scaling: the base replicas' data-parallel groups (every rank joins)."""
+        replica = self.tp_size * self.pp_size
+        if self.pp_size != 1 or self.base_world_size % replica:
+            raise ValueError(
+                f"runner.online_scaling with the Megatron actor adds whole data-parallel "
+                f"replicas: the {self.base_world_size} base ranks must be a multiple of "
+                f"actor.model.tensor_model_parallel_size={self.tp_size}, with "
+                f"pipeline_model_parallel_size=1 (got {self.pp_size}); change "
+                "cluster.component_placement.actor or the parallel sizes"
+            )
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, sorted(dist.get_process_group_ranks(self._dp_all)))
+        self._dp_base: dist.ProcessGroup | None = None
+        for ranks in sorted({tuple(r) for r in every}):  # the same order on every rank
+            base = [r for r in ranks if r < self.base_world_size]
+            group = dist.new_group(base)
+            if self.rank in base:
+                assert isinstance(group, dist.ProcessGroup)
+                self._dp_base = group
+        self._dp = self._dp_base
+        if self.rank >= self.base_world_size:
+            self.offload()  # host memory until the first scale_up (a no-op on CPU)
+
+    def scale_up(self) -> dict[str, Any]:
+        """Trains over every replica from now on; replica 0's state reaches the others.
+
+        Every rank calls it. Broadcasts parameters, AdamW state, schedule and
+        counters from replica 0 over the data-parallel group
+        (:func:`rlinf.core.fsdp_scaling.replicate`).
+
+        Returns:
+            ``{"seconds", "world_size"}``.
+
+        Raises:
+            RuntimeError: Without online scaling, or when already grown.
+        """
+        check_phase("scale_up", self.rank, self.scaling, self._grown)
+        start = time.perf_counter()
+        self.onload()
+        parts = TrainParts(self.model, self.optimizer, self.scheduler)
+        src = dist.get_global_rank(self._dp_all, 0)
+        extra = replicate(parts, self._dp_all, src, self._counters())["extra"]
+        self._optim_steps = int(extra["optim_steps"])
+        self.version = int(extra["version"])
+        self.num_syncs = int(extra["num_syncs"])
+        self._dp = self._dp_all
+        self._grown = True
+        return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
+
+    def scale_down(self) -> dict[str, Any]:
+        """Trains over the base replicas again (every rank calls it; nothing moves).
+
+        Every replica took the same all-reduced steps, so the base ones hold the
+        trained state already; the extra ones wait (in host memory on GPUs).
+
+        Returns:
+            ``{"seconds", "world_size"}`` (the base world size).
+
+        Raises:
+            RuntimeError: Without online scaling, or when not grown.
+        """
+        check_phase("scale_down", self.rank, self.scaling, self._grown)
+        start = time.perf_counter()
+        self._dp = self._dp_base
+        self._grown = False
+        if self.rank >= self.base_world_size:
+            self.offload()
+        return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
     # ------------------------------------------------------------ data parallel
     @property
@@ -525,7 +642,7 @@ class MegatronActor(FSDPActor):
         with self.device_phase(lock=False, offload=self._offload_enabled):
             dist.barrier()  # the empty folder exists before any rank writes
             dist_checkpointing.save(self._sharded_state(), str(root / "dist"))
-            if self.dp_rank == 0:
+            if dist.get_rank(self._dp_all) == 0:  # replica 0 (also between scaled phases)
                 hf = {n: t.detach().cpu().contiguous().clone() for n, t in self.full_weights()}
                 if self.rank == 0:
                     out = root / "huggingface"

@@ -1,0 +1,132 @@
+"""One rank of the Megatron online-scaling check (run by test_online_scaling.py, no Ray).
+
+Usage: ``python megatron_scaling_ranks.py RANK PORT TASK_DIR OUT_DIR PORT2 [STEPS]``.
+
+Both processes first train a static two-replica :class:`MegatronActor` (TP = 1,
+DP = 2) for ``STEPS`` steps, then (a fresh process group on ``PORT2``) one with
+online scaling from one base rank: each step it grows to two replicas, trains
+on the same groups (rank ``r`` takes ``groups[r::2]``) and shrinks back; rank 1
+scrambles its idle replica first, which the scale-up must overwrite. Rank 0
+writes the weights and AdamW state of both after every step to
+``OUT_DIR/step{k}.pt``; the test compares them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU (gloo) path, on GPU machines too
+
+import torch
+from online_scaling_ranks import _groups, _ListChannel
+
+
+def _optim_state(actor: Any) -> dict[str, dict[str, torch.Tensor]]:
+    return {
+        name: {k: v.detach().clone() for k, v in actor.optimizer.state[p].items()}
+        for name, p in actor.model.named_parameters()
+        if p in actor.optimizer.state
+    }
+
+
+def _actor(rank: int, port: str, cfg: Any, steps: int, base: int | None) -> Any:
+    from rlinf.reasoning.workers import MegatronActor
+
+    os.environ.update(
+        GROUP_NAME="MegatronScaling",
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+    )
+    actor = MegatronActor(cfg, base_world_size=base)
+    actor.init_worker(steps)
+    return actor
+
+
+def main() -> None:
+    rank, port, task, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+    port2, steps = sys.argv[5], int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    torch.set_num_threads(1)
+    import rlinf.sched.worker.worker as worker_module
+
+    worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]  # no Ray
+    from rlinf.core.config import validate_config
+    from rlinf.reasoning.config import ReasoningConfig
+
+    cfg = validate_config(
+        {
+            "cluster": {"component_placement": {"actor": 0, "rollout": 1, "reward": 1}},
+            "runner": {
+                "val_before_train": False,
+                "online_scaling": True,
+                "step_timeout_s": 120,
+                "logger": {"logger_backends": []},
+            },
+            "data": {"train_files": [str(task / "train.jsonl")], "max_prompt_length": 16},
+            "algorithm": {
+                "group_size": 4,
+                "rollout_batch_size": 4,
+                "n_minibatches": 2,
+                "sampling_params": {"max_new_tokens": 8},
+            },
+            "actor": {
+                "training_backend": "megatron",
+                "model_path": str(task / "model"),
+                "micro_batch_size": 4,
+                "optim": {"lr": 1e-2, "clip_grad": 1.0},
+            },
+        },
+        ReasoningConfig,
+    )
+    vocab = 64
+    results: list[dict[str, Any]] = [{} for _ in range(steps)]
+    static = _actor(rank, port, cfg, steps, None)
+    vocab = static.built.arch.vocab_size
+    for step in range(steps):
+        static.run_training(_ListChannel(_groups(step, 4, vocab)[rank::2]), step)
+        results[step]["static"] = dict(static.full_weights())
+        results[step]["static_optim"] = _optim_state(static)
+        results[step]["static_sched"] = static.scheduler.state_dict()
+    static.teardown()
+
+    scaled = _actor(rank, port2, cfg, steps, 1)
+    assert scaled.base_world_size == 1 and scaled.checkpoint_world_size == 2
+    if rank == 1:  # a stale replica: scale_up must replace it with replica 0's state
+        with torch.no_grad():
+            for p in scaled.model.parameters():
+                p.add_(torch.randn_like(p))
+        scaled.version = 99
+    for step in range(steps):
+        up = scaled.scale_up()
+        assert up["world_size"] == 2 and scaled.dp_size == 2
+        scaled.run_training(_ListChannel(_groups(step, 4, vocab)[rank::2]), step)
+        results[step]["grown"] = dict(scaled.full_weights())
+        down = scaled.scale_down()
+        assert down["world_size"] == 1
+        if rank == 0:
+            assert scaled.dp_size == 1
+        else:  # the extra replica trains only while grown, and says so
+            try:
+                scaled.run_training(_ListChannel([]), step)
+            except RuntimeError as err:
+                assert "extra actor rank 1" in str(err), err
+            else:
+                raise AssertionError("run_training on the extra rank outside a training phase")
+        results[step]["scaled"] = dict(scaled.full_weights())
+        results[step]["scaled_optim"] = _optim_state(scaled)
+        results[step]["scaled_sched"] = scaled.scheduler.state_dict()
+        results[step]["optim_steps"] = scaled._optim_steps
+        assert scaled.version == 0  # replica 0's counters reached rank 1
+        results[step]["timings"] = (up["seconds"], down["seconds"])
+    if rank == 0:
+        for step, result in enumerate(results):
+            torch.save(result, out / f"step{step}.pt")
+    scaled.teardown()
+
+
+if __name__ == "__main__":
+    main()
