@@ -1,12 +1,13 @@
 """One rank of the Megatron online-scaling check (run by test_online_scaling.py, no Ray).
 
-Usage: ``python megatron_scaling_ranks.py RANK PORT TASK_DIR OUT_DIR PORT2 [STEPS]``.
+Usage: ``python megatron_scaling_ranks.py RANK PORT TASK_DIR OUT_DIR PORT2 TP [STEPS]``.
 
-Both processes first train a static two-replica :class:`MegatronActor` (TP = 1,
-DP = 2) for ``STEPS`` steps, then (a fresh process group on ``PORT2``) one with
-online scaling from one base rank: each step it grows to two replicas, trains
-on the same groups (rank ``r`` takes ``groups[r::2]``) and shrinks back; rank 1
-scrambles its idle replica first, which the scale-up must overwrite. Rank 0
+The ``2 * TP`` processes first train a static two-replica :class:`MegatronActor`
+(tensor parallel size ``TP``, DP = 2) for ``STEPS`` steps, then (a fresh
+process group on ``PORT2``) one with online scaling from one base replica
+(``TP`` base ranks): each step it grows to two replicas, trains on the same
+groups (replica ``r`` takes ``groups[r::2]``) and shrinks back; the extra
+replica scrambles its idle copy first, which the scale-up must overwrite. Rank 0
 writes the weights and AdamW state of both after every step to
 ``OUT_DIR/step{k}.pt``; the test compares them.
 """
@@ -32,13 +33,13 @@ def _optim_state(actor: Any) -> dict[str, dict[str, torch.Tensor]]:
     }
 
 
-def _actor(rank: int, port: str, cfg: Any, steps: int, base: int | None) -> Any:
+def _actor(rank: int, world: int, port: str, cfg: Any, steps: int, base: int | None) -> Any:
     from rlinf.reasoning.workers import MegatronActor
 
     os.environ.update(
         GROUP_NAME="MegatronScaling",
         RANK=str(rank),
-        WORLD_SIZE="2",
+        WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=port,
     )
@@ -49,7 +50,9 @@ def _actor(rank: int, port: str, cfg: Any, steps: int, base: int | None) -> Any:
 
 def main() -> None:
     rank, port, task, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
-    port2, steps = sys.argv[5], int(sys.argv[6]) if len(sys.argv) > 6 else 2
+    port2, tp = sys.argv[5], int(sys.argv[6])
+    steps = int(sys.argv[7]) if len(sys.argv) > 7 else 2
+    world, replica = 2 * tp, rank // tp  # Megatron's order: TP ranks are consecutive
     torch.set_num_threads(1)
     import rlinf.sched.worker.worker as worker_module
 
@@ -75,6 +78,7 @@ def main() -> None:
             },
             "actor": {
                 "training_backend": "megatron",
+                "model": {"tensor_model_parallel_size": tp},
                 "model_path": str(task / "model"),
                 "micro_batch_size": 4,
                 "optim": {"lr": 1e-2, "clip_grad": 1.0},
@@ -84,36 +88,36 @@ def main() -> None:
     )
     vocab = 64
     results: list[dict[str, Any]] = [{} for _ in range(steps)]
-    static = _actor(rank, port, cfg, steps, None)
+    static = _actor(rank, world, port, cfg, steps, None)
     vocab = static.built.arch.vocab_size
     for step in range(steps):
-        static.run_training(_ListChannel(_groups(step, 4, vocab)[rank::2]), step)
+        static.run_training(_ListChannel(_groups(step, 4, vocab)[replica::2]), step)
         results[step]["static"] = dict(static.full_weights())
         results[step]["static_optim"] = _optim_state(static)
         results[step]["static_sched"] = static.scheduler.state_dict()
     static.teardown()
 
-    scaled = _actor(rank, port2, cfg, steps, 1)
-    assert scaled.base_world_size == 1 and scaled.checkpoint_world_size == 2
-    if rank == 1:  # a stale replica: scale_up must replace it with replica 0's state
+    scaled = _actor(rank, world, port2, cfg, steps, tp)
+    assert scaled.base_world_size == tp and scaled.checkpoint_world_size == world
+    if replica == 1:  # a stale replica: scale_up must replace it with replica 0's state
         with torch.no_grad():
             for p in scaled.model.parameters():
                 p.add_(torch.randn_like(p))
         scaled.version = 99
     for step in range(steps):
         up = scaled.scale_up()
-        assert up["world_size"] == 2 and scaled.dp_size == 2
-        scaled.run_training(_ListChannel(_groups(step, 4, vocab)[rank::2]), step)
+        assert up["world_size"] == world and scaled.dp_size == 2
+        scaled.run_training(_ListChannel(_groups(step, 4, vocab)[replica::2]), step)
         results[step]["grown"] = dict(scaled.full_weights())
         down = scaled.scale_down()
-        assert down["world_size"] == 1
-        if rank == 0:
+        assert down["world_size"] == tp
+        if replica == 0:
             assert scaled.dp_size == 1
         else:  # the extra replica trains only while grown, and says so
             try:
                 scaled.run_training(_ListChannel([]), step)
             except RuntimeError as err:
-                assert "extra actor rank 1" in str(err), err
+                assert f"extra actor rank {rank}" in str(err), err
             else:
                 raise AssertionError("run_training on the extra rank outside a training phase")
         results[step]["scaled"] = dict(scaled.full_weights())

@@ -5,8 +5,9 @@
   2-rank actor on the same data, while grown and after shrinking back (then
   only the base rank holds the model; the extra rank keeps only its idle shard
   of the grown one, for the next scale-up);
-* the same for the Megatron actor (TP = 1): grown from 1 to 2 data-parallel
-  replicas = a static 2-replica actor (weights, AdamW state, schedule);
+* the same for the Megatron actor: grown from 1 to 2 data-parallel replicas =
+  a static 2-replica actor (weights, AdamW state, schedule), with TP = 1 (2
+  ranks) and, in the slow tier, TP = 2 (4 ranks);
 * config: online scaling is refused with async GRPO, KL terms (FSDP), Megatron
   with PP > 1 or the distributed optimizer, and the embodied runner, with
   errors naming the key;
@@ -146,18 +147,29 @@ def test_config_refuses_megatron_online_scaling_it_cannot_grow(
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "tp", [pytest.param(1, id="tp1"), pytest.param(2, marks=pytest.mark.slow, id="tp2-4ranks")]
+)
 def test_megatron_grown_step_equals_static_two_replica_actor(
-    tmp_path: Path, run_ranks: Callable[..., list[str]]
+    tmp_path: Path, run_ranks: Callable[..., list[str]], tp: int
 ) -> None:
-    """Megatron (TP = 1): grown from 1 to 2 replicas = a static 2-replica actor, to 1e-6."""
+    """Megatron: grown from 1 to 2 replicas of TP ranks = a static 2-replica actor, to 1e-6."""
     pytest.importorskip("megatron.core")
     task = make_smoke_task(tmp_path / "task")
+    if tp == 2:  # TP splits the key/value heads too: the smoke model has one
+        from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+
+        tok = build_tokenizer()
+        config = toy_model_config(
+            tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64
+        )
+        build_toy_model(config).save_pretrained(task / "model")
     out = tmp_path / "out"
     out.mkdir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         second_port = str(s.getsockname()[1])
-    run_ranks(MEGATRON_SCRIPT, str(task), str(out), second_port, "2", timeout=420)
+    run_ranks(MEGATRON_SCRIPT, str(task), str(out), second_port, str(tp), ranks=2 * tp, timeout=600)
     from safetensors.torch import load_file
 
     init = load_file(task / "model" / "model.safetensors")
