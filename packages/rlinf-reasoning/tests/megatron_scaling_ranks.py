@@ -75,6 +75,8 @@ def main() -> None:
                 "rollout_batch_size": 4,
                 "n_minibatches": 2,
                 "sampling_params": {"max_new_tokens": 8},
+                "kl_beta": 0.1,  # every replica keeps its reference model: KL works grown
+                "kl_penalty": "k3",
             },
             "actor": {
                 "training_backend": "megatron",
