@@ -52,3 +52,13 @@ def test_setup_scaling_checks_the_base_world_size_and_creates_nothing_without_sc
         assert meshes.base_group is None and meshes.world_mesh is None
     finally:
         dist.destroy_process_group()
+
+
+def test_base_ranks_defaults_to_every_rank_and_refuses_what_is_not_a_rank_count() -> None:
+    pytest.importorskip("torch")
+    from rlinf.core.fsdp_scaling import base_ranks
+
+    assert base_ranks(None, 3) == 3 and base_ranks(1, 3) == 1
+    for bad in (0, 4, True, 1.5):
+        with pytest.raises(ValueError, match="base_world_size="):
+            base_ranks(bad, 3)  # type: ignore[arg-type]

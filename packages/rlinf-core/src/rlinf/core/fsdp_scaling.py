@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ScalingMeshes",
     "TrainParts",
+    "base_ranks",
     "check_phase",
     "grow",
     "park",
@@ -134,27 +135,35 @@ def setup_scaling(base_world_size: int | None, device: torch.device) -> ScalingM
         ValueError: ``base_world_size`` is not an integer in ``1..world size``.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    base = world if base_world_size is None else base_world_size
-    if isinstance(base, bool) or not isinstance(base, numbers.Integral):
-        raise ValueError(f"base_world_size={base!r} must be an integer (a number of ranks)")
-    base = int(base)
-    if not 1 <= base <= world:
-        raise ValueError(
-            f"base_world_size={base} must be in 1..{world} (the actor's ranks); "
-            "launch the group with fewer base ranks than ranks, or none"
-        )
-    out = ScalingMeshes(rank, world, base)
+    out = ScalingMeshes(rank, world, base_ranks(base_world_size, world))
     if not out.scaling:
         return out
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    group = dist.new_group(list(range(base)))
+    group = dist.new_group(list(range(out.base_world_size)))
     out.world_mesh = init_device_mesh(device.type, (world,))
     if out.is_base:
         assert isinstance(group, dist.ProcessGroup)
         out.base_group = group
         out.base_mesh = DeviceMesh.from_group(group, device.type)
     return out
+
+
+def base_ranks(base_world_size: int | None, world_size: int) -> int:
+    """The number of base ranks, checked: ``base_world_size``, or every rank for ``None``.
+
+    Raises:
+        ValueError: It is not an integer in ``1..world_size``.
+    """
+    base = world_size if base_world_size is None else base_world_size
+    if isinstance(base, bool) or not isinstance(base, numbers.Integral):
+        raise ValueError(f"base_world_size={base!r} must be an integer (a number of ranks)")
+    if not 1 <= int(base) <= world_size:
+        raise ValueError(
+            f"base_world_size={base} must be in 1..{world_size} (the actor's ranks); "
+            "launch the group with fewer base ranks than ranks, or none"
+        )
+    return int(base)
 
 
 def check_phase(method: str, rank: int, scaling: bool, grown: bool) -> None:

@@ -76,7 +76,13 @@ import torch.distributed as dist
 from torch import nn
 
 from rlinf.core.channel import Channel
-from rlinf.core.fsdp_scaling import TrainParts, check_phase, replicate, require_state
+from rlinf.core.fsdp_scaling import (
+    TrainParts,
+    base_ranks,
+    check_phase,
+    replicate,
+    require_state,
+)
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.core.weight_sync import WeightBucket
 from rlinf.reasoning.megatron.dist_optimizer import GpuTraining
@@ -186,12 +192,7 @@ class MegatronActor(FSDPActor):
     # ------------------------------------------------------------ online scaling
     def _setup_scaling(self) -> None:
         """Online scaling: how many ranks are base ranks (the groups come with the model)."""
-        base = self.world_size if self._base_world_arg is None else self._base_world_arg
-        if isinstance(base, bool) or not isinstance(base, int) or not 1 <= base <= self.world_size:
-            raise ValueError(
-                f"base_world_size={base!r} must be an integer in 1..{self.world_size} (the "
-                "actor's ranks); launch the group with fewer base ranks than ranks, or none"
-            )
+        base = base_ranks(self._base_world_arg, self.world_size)
         self.base_world_size = base
         self.scaling = base < self.world_size
         self._grown = not self.scaling
