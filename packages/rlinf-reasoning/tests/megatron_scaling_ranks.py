@@ -22,7 +22,7 @@ from typing import Any
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU (gloo) path, on GPU machines too
 
 import torch
-from online_scaling_ranks import _groups, _ListChannel
+from online_scaling_ranks import _groups, _ListChannel, scaling_config
 
 
 def _optim_state(actor: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -57,38 +57,13 @@ def main() -> None:
     import rlinf.sched.worker.worker as worker_module
 
     worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]  # no Ray
-    from rlinf.core.config import validate_config
-    from rlinf.reasoning.config import ReasoningConfig
-
-    cfg = validate_config(
-        {
-            "cluster": {"component_placement": {"actor": 0, "rollout": 1, "reward": 1}},
-            "runner": {
-                "val_before_train": False,
-                "online_scaling": True,
-                "step_timeout_s": 120,
-                "logger": {"logger_backends": []},
-            },
-            "data": {"train_files": [str(task / "train.jsonl")], "max_prompt_length": 16},
-            "algorithm": {
-                "group_size": 4,
-                "rollout_batch_size": 4,
-                "n_minibatches": 2,
-                "sampling_params": {"max_new_tokens": 8},
-                "kl_beta": 0.1,  # every replica keeps its reference model: KL works grown
-                "kl_penalty": "k3",
-            },
-            "actor": {
-                "training_backend": "megatron",
-                "model": {"tensor_model_parallel_size": tp},
-                "model_path": str(task / "model"),
-                "micro_batch_size": 4,
-                "optim": {"lr": 1e-2, "clip_grad": 1.0},
-            },
-        },
-        ReasoningConfig,
+    cfg = scaling_config(
+        task,
+        # every replica keeps its reference model: KL works grown
+        {"kl_beta": 0.1, "kl_penalty": "k3"},
+        training_backend="megatron",
+        model={"tensor_model_parallel_size": tp},
     )
-    vocab = 64
     results: list[dict[str, Any]] = [{} for _ in range(steps)]
     static = _actor(rank, world, port, cfg, steps, None)
     vocab = static.built.arch.vocab_size

@@ -64,24 +64,12 @@ def _optim_state(actor: Any) -> dict[str, Any]:
     return state
 
 
-def main() -> None:
-    rank, port, task, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
-    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-    os.environ.update(
-        GROUP_NAME="ScalingCheck",
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=port,
-    )
-    import rlinf.sched.worker.worker as worker_module
-
-    worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]  # no Ray
+def scaling_config(task: Path, algorithm: dict[str, Any] | None = None, **actor: Any) -> Any:
+    """The check's config: one base rank of two, a tiny batch (``actor`` keys added)."""
     from rlinf.core.config import validate_config
     from rlinf.reasoning.config import ReasoningConfig
-    from rlinf.reasoning.workers import FSDPActor
 
-    cfg = validate_config(
+    return validate_config(
         {
             "cluster": {"component_placement": {"actor": 0, "rollout": 1, "reward": 1}},
             "runner": {
@@ -96,15 +84,35 @@ def main() -> None:
                 "rollout_batch_size": 4,
                 "n_minibatches": 2,
                 "sampling_params": {"max_new_tokens": 8},
+                **(algorithm or {}),
             },
             "actor": {
                 "model_path": str(task / "model"),
                 "micro_batch_size": 4,
                 "optim": {"lr": 1e-2, "clip_grad": 1.0},
+                **actor,
             },
         },
         ReasoningConfig,
     )
+
+
+def main() -> None:
+    rank, port, task, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    os.environ.update(
+        GROUP_NAME="ScalingCheck",
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+    )
+    import rlinf.sched.worker.worker as worker_module
+
+    worker_module.install_resolver = lambda *a, **k: None  # type: ignore[assignment]  # no Ray
+    from rlinf.reasoning.workers import FSDPActor
+
+    cfg = scaling_config(task)
     static = FSDPActor(cfg)
     static.init_worker(steps)
     scaled = FSDPActor(cfg, base_world_size=1)

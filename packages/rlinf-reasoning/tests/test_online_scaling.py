@@ -60,6 +60,22 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return worst
 
 
+def _step_results(task: Path, out: Path, steps: int) -> list[dict[str, Any]]:
+    """The rank script's ``step{k}.pt`` files, each checked to have moved the weights."""
+    from safetensors.torch import load_file
+
+    init = load_file(task / "model" / "model.safetensors")
+    results = []
+    for step in range(steps):
+        got = torch.load(out / f"step{step}.pt", weights_only=False)
+        moved = max(
+            float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
+        )
+        assert moved > 1e-3  # the steps really changed the weights: the checks have teeth
+        results.append(got)
+    return results
+
+
 def test_grown_step_equals_static_two_rank_actor(
     tmp_path: Path, run_ranks: Callable[..., list[str]]
 ) -> None:
@@ -67,15 +83,7 @@ def test_grown_step_equals_static_two_rank_actor(
     out = tmp_path / "out"
     out.mkdir()
     run_ranks(RANKS_SCRIPT, str(task), str(out), "2")
-    from safetensors.torch import load_file
-
-    init = load_file(task / "model" / "model.safetensors")
-    for step in range(2):
-        got = torch.load(out / f"step{step}.pt", weights_only=False)
-        moved = max(
-            float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
-        )
-        assert moved > 1e-3  # the steps really changed the weights: the checks have teeth
+    for step, got in enumerate(_step_results(task, out, 2)):
         grown = _max_diff(got["grown"], got["static"])
         shrunk = _max_diff(got["scaled"], got["static"])
         grown_optim = _max_diff(got["grown_optim"], got["static_optim"])
@@ -170,15 +178,7 @@ def test_megatron_grown_step_equals_static_two_replica_actor(
         s.bind(("127.0.0.1", 0))
         second_port = str(s.getsockname()[1])
     run_ranks(MEGATRON_SCRIPT, str(task), str(out), second_port, str(tp), ranks=2 * tp, timeout=600)
-    from safetensors.torch import load_file
-
-    init = load_file(task / "model" / "model.safetensors")
-    for step in range(2):
-        got = torch.load(out / f"step{step}.pt", weights_only=False)
-        moved = max(
-            float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
-        )
-        assert moved > 1e-3  # the steps really changed the weights: the checks have teeth
+    for step, got in enumerate(_step_results(task, out, 2)):
         grown = _max_diff(got["grown"], got["static"])
         shrunk = _max_diff(got["scaled"], got["static"])
         optim = _max_diff(got["scaled_optim"], got["static_optim"])

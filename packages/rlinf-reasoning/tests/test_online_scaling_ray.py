@@ -39,6 +39,22 @@ STEPS = 6
 KILL_AT = 2  # rank 1 dies in scale-up number KILL_AT + 1 (weight version KILL_AT)
 
 
+def _dies_now(actor: FSDPActor) -> bool:
+    """Whether rank 1 should die in this scale-up: number ``KILL_AT + 1``, once per run folder."""
+    ups = getattr(actor, "_ups", 0) + 1
+    setattr(actor, "_ups", ups)  # noqa: B010
+    marker = Path(actor.cfg.runner.logger.experiment_dir) / "killed-mid-reshard"
+    if actor.rank != 1 or ups != KILL_AT + 1 or marker.exists():
+        return False
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return True
+
+
+def _die(*args: Any, **kwargs: Any) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class DiesReSharding(FSDPActor):
     """Rank 1 kills its own process mid scale-up of step ``KILL_AT``, once per run folder.
 
@@ -50,16 +66,8 @@ class DiesReSharding(FSDPActor):
     def scale_up(self) -> dict[str, Any]:
         from rlinf.core import fsdp_scaling
 
-        self._ups = getattr(self, "_ups", 0) + 1
-        marker = Path(self.cfg.runner.logger.experiment_dir) / "killed-mid-reshard"
-        if self.rank == 1 and self._ups == KILL_AT + 1 and not marker.exists():
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-
-            def die(*args: Any, **kwargs: Any) -> None:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-            fsdp_scaling._scatter_rows = die  # type: ignore[assignment]  # this process only
+        if _dies_now(self):
+            fsdp_scaling._scatter_rows = _die  # type: ignore[assignment]  # this process only
         return super().scale_up()
 
 
@@ -73,16 +81,8 @@ class MegatronDiesReSharding(MegatronActor):
     def scale_up(self) -> dict[str, Any]:
         import torch.distributed as dist
 
-        self._ups = getattr(self, "_ups", 0) + 1
-        marker = Path(self.cfg.runner.logger.experiment_dir) / "killed-mid-reshard"
-        if self.rank == 1 and self._ups == KILL_AT + 1 and not marker.exists():
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-
-            def die(*args: Any, **kwargs: Any) -> None:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-            dist.broadcast = die  # this process only
+        if _dies_now(self):
+            dist.broadcast = _die  # this process only
         return super().scale_up()
 
 

@@ -316,6 +316,12 @@ class FSDPActor(Worker):
             "num_syncs": self.num_syncs,
         }
 
+    def _set_counters(self, counters: dict[str, int]) -> None:
+        """Takes the counters :meth:`_counters` gave (rank 0's, after a scale-up)."""
+        self._optim_steps = int(counters["optim_steps"])
+        self.version = int(counters["version"])
+        self.num_syncs = int(counters["num_syncs"])
+
     def scale_up(self) -> dict[str, Any]:
         """Grows the actor from its base ranks onto every rank (every rank calls it).
 
@@ -339,9 +345,7 @@ class FSDPActor(Worker):
         out = grow(
             self._meshes, self._base_parts if base else None, parts, self.device, self._counters()
         )
-        self._optim_steps = int(out["extra"]["optim_steps"])
-        self.version = int(out["extra"]["version"])
-        self.num_syncs = int(out["extra"]["num_syncs"])
+        self._set_counters(out["extra"])
         self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
         assert self._meshes.world_mesh is not None
         self.mesh = self._meshes.world_mesh

@@ -253,10 +253,7 @@ class MegatronActor(FSDPActor):
         self.onload()
         parts = TrainParts(self.model, self.optimizer, self.scheduler)
         src = dist.get_global_rank(self._dp_all, 0)
-        extra = replicate(parts, self._dp_all, src, self._counters())["extra"]
-        self._optim_steps = int(extra["optim_steps"])
-        self.version = int(extra["version"])
-        self.num_syncs = int(extra["num_syncs"])
+        self._set_counters(replicate(parts, self._dp_all, src, self._counters())["extra"])
         self._dp = self._dp_all
         self._grown = True
         return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
