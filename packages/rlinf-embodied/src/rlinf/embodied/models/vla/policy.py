@@ -690,16 +690,6 @@ class FlowVLAPolicy(_VLAPolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """The flow-matching loss of expert chunks (see :meth:`flow_matching_loss`)."""
-        return self.flow_matching_loss(obs, actions, generator=generator)
-
-    def flow_matching_loss(
-        self,
-        obs: Mapping[str, Tensor],
-        actions: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
         """Supervised flow-matching loss of expert action chunks (for SFT / warm starts).
 
         Args:
@@ -728,3 +718,6 @@ class FlowVLAPolicy(_VLAPolicy):
         if pad:
             normalized = torch.nn.functional.pad(normalized, (0, pad))
         return flow_matching_loss(self.model, prefix, normalized, generator=generator)
+
+    flow_matching_loss = behaviour_cloning_loss
+    """The behaviour-cloning loss under its own name (this family's SFT loss)."""
