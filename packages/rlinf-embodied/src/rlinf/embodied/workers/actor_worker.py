@@ -388,13 +388,7 @@ class EmbodiedFSDPActor(Worker):
         out = grow(self._meshes, self._base_parts, self._grown_parts, self.device, extra)
         self.global_step = int(out["extra"]["global_step"])
         self.dropped_batches = int(out["extra"]["dropped_batches"])
-        self._use_parts(self._grown_parts)
-        self._grown = True
-        return {
-            "seconds": time.perf_counter() - start,
-            "world_size": float(self.world_size),
-            "bytes": float(out["bytes"]),
-        }
+        return self._switch_parts(grown=True, start=start, moved=out)
 
     def scale_down(self) -> dict[str, float]:
         """Shrinks the actor back to its base ranks (every rank calls it).
@@ -414,12 +408,16 @@ class EmbodiedFSDPActor(Worker):
         start = time.perf_counter()
         assert self._meshes is not None and self._grown_parts is not None
         out = shrink(self._meshes, self._grown_parts, self._base_parts, self.device)
-        self._use_parts(self._base_parts)
-        self._grown = False
+        return self._switch_parts(grown=False, start=start, moved=out)
+
+    def _switch_parts(self, grown: bool, start: float, moved: dict[str, Any]) -> dict[str, float]:
+        """Trains the grown (or base) parts from now on; returns what scale_up/_down report."""
+        self._use_parts(self._grown_parts if grown else self._base_parts)
+        self._grown = grown
         return {
             "seconds": time.perf_counter() - start,
-            "world_size": float(self.base_world_size),
-            "bytes": float(out["bytes"]),
+            "world_size": float(self.world_size if grown else self.base_world_size),
+            "bytes": float(moved["bytes"]),
         }
 
     def _parts(
