@@ -28,6 +28,19 @@ def _bool_mask(mask: torch.Tensor | None, arg: str, ref: torch.Tensor) -> torch.
     return mask.bool().expand_as(ref)
 
 
+def _values_returns_shape(values: torch.Tensor, returns: torch.Tensor) -> tuple[int, ...]:
+    """The broadcast shape of ``values`` and ``returns``; raises ``ValueError`` if none."""
+    shape = broadcast_shape(values.shape, returns.shape)
+    if shape is None:
+        fail(
+            "returns.shape",
+            tuple(returns.shape),
+            f"does not broadcast with values.shape={tuple(values.shape)}",
+            "pass returns with the values' shape (or size-1 dims)",
+        )
+    return shape
+
+
 @register_policy_loss("ppo", aliases=("actor", "actor_critic"))
 def ppo_policy_loss(
     *,
@@ -185,14 +198,7 @@ def value_loss(
         )
     if huber_delta is not None:
         check_positive("huber_delta", huber_delta, "set it to e.g. 10.0, or None for 0.5 * MSE")
-    shape = broadcast_shape(values.shape, returns.shape)
-    if shape is None:
-        fail(
-            "returns.shape",
-            tuple(returns.shape),
-            f"does not broadcast with values.shape={tuple(values.shape)}",
-            "pass returns with the values' shape (or size-1 dims)",
-        )
+    shape = _values_returns_shape(values, returns)
     v = as_float(values).expand(shape)
     v_old = as_float(old_values).to(v.dtype).expand(shape)
     ret = as_float(returns).to(v.dtype).expand(shape)
@@ -250,14 +256,7 @@ def explained_variance(
         The explained variance, or NaN when ``Var[returns]`` is 0 or there is no
         valid entry (undefined).
     """
-    shape = broadcast_shape(values.shape, returns.shape)
-    if shape is None:
-        fail(
-            "returns.shape",
-            tuple(returns.shape),
-            f"does not broadcast with values.shape={tuple(values.shape)}",
-            "pass returns with the values' shape",
-        )
+    shape = _values_returns_shape(values, returns)
     y = returns.detach().to(torch.float64).expand(shape)
     err = y - values.detach().to(torch.float64).expand(shape)
     if mask is None:

@@ -122,6 +122,15 @@ class BasePolicy(nn.Module, ABC):
         """Dtype of the parameters (``cfg.precision``)."""
         return next(self.parameters()).dtype
 
+    @staticmethod
+    def _check_mode(mode: str) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
+
+    def _zero_values(self, batch: int, device: torch.device) -> Tensor:
+        """Float32 zeros ``[batch, V]``: the values of a policy without a value head."""
+        return torch.zeros(batch, self.value_dim, device=device, dtype=torch.float32)
+
     @abstractmethod
     def predict_action_batch(
         self,
@@ -332,9 +341,7 @@ class ActorCriticPolicy(BasePolicy):
 
     def _values(self, features: Tensor) -> Tensor:
         if self.value_head is None:
-            return torch.zeros(
-                features.shape[0], self.value_dim, device=features.device, dtype=torch.float32
-            )
+            return self._zero_values(features.shape[0], features.device)
         values: Tensor = self.value_head(features)
         return values
 
@@ -390,8 +397,7 @@ class ActorCriticPolicy(BasePolicy):
         Raises:
             ValueError: Unknown ``mode`` or malformed observations.
         """
-        if mode not in _MODES:
-            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
+        self._check_mode(mode)
         with torch.no_grad():
             inputs = self._select_inputs(obs)
             features = self._encode(self._to_device(inputs))

@@ -214,7 +214,7 @@ class SACPolicy(BasePolicy):
         return PolicyOutput(
             actions=actions.float().reshape(n, 1, a),
             prev_logprobs=torch.zeros(n, a, device=states.device),
-            prev_values=torch.zeros(n, self.value_dim, device=states.device),
+            prev_values=self._zero_values(n, states.device),
             forward_inputs={"states": states.float()},
         )
 
@@ -248,4 +248,4 @@ class SACPolicy(BasePolicy):
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
         """Zeros ``[n, V]``: SAC bootstraps from the stored next observation in its loss."""
         states = self._states(obs)
-        return torch.zeros(states.shape[0], self.value_dim, device=states.device)
+        return self._zero_values(states.shape[0], states.device)

@@ -264,7 +264,7 @@ class EmbodiedFSDPActor(Worker):
         self.global_step = 0
         self.dropped_batches = 0
         self.batch = None
-        self.model, self.optimizer, self.scheduler = None, None, None
+        self._use_parts(None)
         if not self.holds_state:  # an extra rank: idle until scale_up()
             return
         if self.scaling:
@@ -273,15 +273,22 @@ class EmbodiedFSDPActor(Worker):
         else:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
         parts = self._build_parts(mesh)
+        self._use_parts(parts)
+        if self.scaling:
+            self._base_parts = parts
+        if self._offload:
+            self.offload()
+
+    def _use_parts(self, parts: TrainParts | None) -> None:
+        """Trains ``parts``' model, optimizer and schedule from now on (None: holds none)."""
+        if parts is None:
+            self.model, self.optimizer, self.scheduler = None, None, None
+            return
         self.model, self.optimizer, self.scheduler = (
             parts.model,  # type: ignore[assignment]
             parts.optimizer,
             parts.scheduler,
         )
-        if self.scaling:
-            self._base_parts = parts
-        if self._offload:
-            self.offload()
 
     def _build_parts(self, mesh: Any) -> TrainParts:
         """The FSDP2 policy over ``mesh``, its AdamW (value head at ``value_lr``) and schedule."""
@@ -381,18 +388,7 @@ class EmbodiedFSDPActor(Worker):
         out = grow(self._meshes, self._base_parts, self._grown_parts, self.device, extra)
         self.global_step = int(out["extra"]["global_step"])
         self.dropped_batches = int(out["extra"]["dropped_batches"])
-        parts = self._grown_parts
-        self.model, self.optimizer, self.scheduler = (
-            parts.model,  # type: ignore[assignment]
-            parts.optimizer,
-            parts.scheduler,
-        )
-        self._grown = True
-        return {
-            "seconds": time.perf_counter() - start,
-            "world_size": float(self.world_size),
-            "bytes": float(out["bytes"]),
-        }
+        return self._switch_parts(grown=True, start=start, moved=out)
 
     def scale_down(self) -> dict[str, float]:
         """Shrinks the actor back to its base ranks (every rank calls it).
@@ -412,20 +408,16 @@ class EmbodiedFSDPActor(Worker):
         start = time.perf_counter()
         assert self._meshes is not None and self._grown_parts is not None
         out = shrink(self._meshes, self._grown_parts, self._base_parts, self.device)
-        base = self._base_parts
-        if base is not None:
-            self.model, self.optimizer, self.scheduler = (
-                base.model,  # type: ignore[assignment]
-                base.optimizer,
-                base.scheduler,
-            )
-        else:
-            self.model, self.optimizer, self.scheduler = None, None, None
-        self._grown = False
+        return self._switch_parts(grown=False, start=start, moved=out)
+
+    def _switch_parts(self, grown: bool, start: float, moved: dict[str, Any]) -> dict[str, float]:
+        """Trains the grown (or base) parts from now on; returns what scale_up/_down report."""
+        self._use_parts(self._grown_parts if grown else self._base_parts)
+        self._grown = grown
         return {
             "seconds": time.perf_counter() - start,
-            "world_size": float(self.base_world_size),
-            "bytes": float(out["bytes"]),
+            "world_size": float(self.world_size if grown else self.base_world_size),
+            "bytes": float(moved["bytes"]),
         }
 
     def _parts(

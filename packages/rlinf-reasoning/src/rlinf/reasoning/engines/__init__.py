@@ -9,6 +9,7 @@
 from rlinf.reasoning.engines.base import (
     FinishReason,
     GenerationOutput,
+    LibEngine,
     RolloutEngine,
     SamplingParams,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "FinishReason",
     "GenerationOutput",
     "HFEngine",
+    "LibEngine",
     "RolloutEngine",
     "SamplingParams",
     "available_engines",

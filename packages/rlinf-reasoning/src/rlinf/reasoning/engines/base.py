@@ -24,9 +24,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
+
+from rlinf.reasoning.models.loading import checkpoint_weight_names
 
 __all__ = ["FinishReason", "GenerationOutput", "RolloutEngine", "SamplingParams"]
 
@@ -167,3 +170,55 @@ class RolloutEngine(Protocol):
     def is_offloaded(self) -> bool:
         """Whether the engine is currently offloaded."""
         ...
+
+
+class LibEngine:
+    """Base of the engines that serve a model directory through a library (vLLM, SGLang)."""
+
+    library: ClassVar[str]  # its name in messages; its config is rollout.<lowercase name>
+    weights_readable = False
+    """Engine weights cannot be read back: a sync is checked by :meth:`expected_weight_names`."""
+    model_path: Path
+    _offloaded: bool
+    _expected: frozenset[str] | None = None  # read once, by expected_weight_names
+
+    @property
+    def is_offloaded(self) -> bool:
+        """Whether :meth:`offload` was called without a matching :meth:`onload`."""
+        return self._offloaded
+
+    def expected_weight_names(self) -> set[str]:
+        """Hugging Face names of every tensor in the model directory's safetensors."""
+        if self._expected is None:
+            self._expected = checkpoint_weight_names(self.model_path)
+        return set(self._expected)
+
+    @staticmethod
+    def _model_dir(model_path: str | Path) -> Path:
+        """``model_path`` as a path; raises ``FileNotFoundError`` if it has no ``config.json``."""
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"rollout model directory {path} has no config.json; set rollout.model_path "
+                "(or actor.model_path) to a Hugging Face model directory"
+            )
+        return path
+
+    @staticmethod
+    def _prompts(prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+        """The prompts of a ``generate`` call as lists of ints; raises ``ValueError`` if bad."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
+        return prompts
+
+    @classmethod
+    def _start_error(cls, path: Path, exc: Exception) -> RuntimeError:
+        """The error raised when the library fails to start on ``path``."""
+        return RuntimeError(
+            f"{cls.library} could not start on {path} ({type(exc).__name__}: {exc}); check "
+            f"rollout.dtype, rollout.max_batch_size and rollout.{cls.library.lower()}, or set "
+            "rollout.engine: hf"
+        )

@@ -67,8 +67,8 @@ from typing import Any
 import torch
 
 from rlinf.core.logging import get_logger
-from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, SamplingParams
-from rlinf.reasoning.models.loading import checkpoint_weight_names, resolve_dtype
+from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, LibEngine, SamplingParams
+from rlinf.reasoning.models.loading import resolve_dtype
 
 __all__ = [
     "MEMORY_TAGS",
@@ -261,16 +261,6 @@ def convert_outputs(
     return outputs
 
 
-def _check_model_dir(model_path: str | Path) -> Path:
-    path = Path(model_path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"rollout model directory {path} has no config.json; set rollout.model_path "
-            "(or actor.model_path) to a Hugging Face model directory"
-        )
-    return path
-
-
 def _require_gpu(device: str | torch.device | None) -> torch.device:
     """The CUDA device SGLang will use; refuses a machine or device without CUDA."""
     wanted = torch.device(device) if device is not None else None
@@ -301,7 +291,7 @@ def _import_sglang() -> Any:
     return sglang
 
 
-class SGLangEngine:
+class SGLangEngine(LibEngine):
     """Rollout engine backed by SGLang's offline ``Engine`` (see the module docstring).
 
     Args:
@@ -327,8 +317,7 @@ class SGLangEngine:
         ImportError: SGLang is not installed (the message names the extra).
     """
 
-    weights_readable = False
-    """Engine weights cannot be read back (see the module docstring)."""
+    library = "SGLang"
 
     def __init__(
         self,
@@ -346,7 +335,7 @@ class SGLangEngine:
         disable_cuda_graph: bool = True,
         log_level: str = "error",
     ) -> None:
-        path = _check_model_dir(model_path)
+        path = self._model_dir(model_path)
         cuda = _require_gpu(device)
         _check_environment()
         sglang = _import_sglang()
@@ -368,11 +357,7 @@ class SGLangEngine:
         try:
             engine = sglang.Engine(**kwargs)
         except Exception as exc:
-            raise RuntimeError(
-                f"SGLang could not start on {path} ({type(exc).__name__}: {exc}); check "
-                "rollout.dtype, rollout.max_batch_size and rollout.sglang, or set "
-                "rollout.engine: hf"
-            ) from exc
+            raise self._start_error(path, exc) from exc
         self._setup(
             engine,
             path,
@@ -412,7 +397,7 @@ class SGLangEngine:
         self = cls.__new__(cls)
         self._setup(
             engine,
-            _check_model_dir(model_path),
+            cls._model_dir(model_path),
             resolve_dtype(dtype),
             torch.device(device) if device is not None else None,
             memory_saver=enable_memory_saver,
@@ -442,20 +427,8 @@ class SGLangEngine:
         self._in_sync = False
         self._sync_names: set[str] = set()
         self._weights_discarded = False
-        self._expected: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ weights
-
-    @property
-    def is_offloaded(self) -> bool:
-        """Whether :meth:`offload` was called without a matching :meth:`onload`."""
-        return self._offloaded
-
-    def expected_weight_names(self) -> set[str]:
-        """Hugging Face names of every tensor in the model directory's safetensors."""
-        if self._expected is None:
-            self._expected = checkpoint_weight_names(self.model_path)
-        return set(self._expected)
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int | None = None
@@ -579,11 +552,7 @@ class SGLangEngine:
             RuntimeError: Offloaded, weights discarded and not re-sent, or a request
                 aborted.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
+        prompts = self._prompts(prompt_ids, n)
         sampling = request_sampling_params(params, len(prompts), n)
         if self._offloaded:
             raise RuntimeError("SGLangEngine.generate called while offloaded; call onload() first")

@@ -67,8 +67,7 @@ from typing import Any, Literal, Protocol, cast, get_args
 import torch
 
 from rlinf.core.logging import get_logger
-from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, SamplingParams
-from rlinf.reasoning.models.loading import checkpoint_weight_names
+from rlinf.reasoning.engines.base import FinishReason, GenerationOutput, LibEngine, SamplingParams
 
 __all__ = ["FUSED_GROUPS", "LogprobsMode", "VLLMEngine", "vllm_logprobs_mode"]
 
@@ -202,7 +201,7 @@ def _check_cpu_head_dim(path: Path) -> None:
         )
 
 
-class VLLMEngine:
+class VLLMEngine(LibEngine):
     """Rollout engine backed by vLLM (see the module docstring).
 
     Args:
@@ -228,8 +227,7 @@ class VLLMEngine:
         ValueError: An unknown ``logprobs_mode``.
     """
 
-    weights_readable = False
-    """Engine weights cannot be read back (vLLM prepacks them)."""
+    library = "vLLM"
 
     def __init__(
         self,
@@ -249,12 +247,7 @@ class VLLMEngine:
                 f"logprobs_mode={logprobs_mode!r} is not one of {get_args(LogprobsMode)}; pick "
                 "it with vllm_logprobs_mode(...) from the run's sampling configs"
             )
-        path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"rollout model directory {path} has no config.json; set rollout.model_path "
-                "(or actor.model_path) to a Hugging Face model directory"
-            )
+        path = self._model_dir(model_path)
         for key, value in _CPU_DEFAULTS.items():
             os.environ.setdefault(key, value)
         try:
@@ -288,30 +281,14 @@ class VLLMEngine:
         try:
             self.llm: Any = vllm.LLM(**options)
         except Exception as exc:
-            raise RuntimeError(
-                f"vLLM could not start on {path} ({type(exc).__name__}: {exc}); check "
-                "rollout.dtype, rollout.max_batch_size and rollout.vllm, or set "
-                "rollout.engine: hf"
-            ) from exc
+            raise self._start_error(path, exc) from exc
         self._vllm = vllm
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self.version = 0
         self._offloaded = False
         self._pending: dict[_GroupKey, dict[str, torch.Tensor]] = {}
-        self._expected: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ weights
-
-    @property
-    def is_offloaded(self) -> bool:
-        """Whether :meth:`offload` was called without a matching :meth:`onload`."""
-        return self._offloaded
-
-    def expected_weight_names(self) -> set[str]:
-        """Hugging Face names of every tensor in the model directory's safetensors."""
-        if self._expected is None:
-            self._expected = checkpoint_weight_names(self.model_path)
-        return set(self._expected)
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int | None = None
@@ -423,11 +400,7 @@ class VLLMEngine:
             ValueError: Bad prompts or ``n``, or parameters whose logprobs the engine's
                 ``logprobs_mode`` cannot report as the actor computes them.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists")
+        prompts = self._prompts(prompt_ids, n)
         self._check_reportable(params)
         # Greedy under processed_logprobs: vLLM's own greedy (temperature 0), whose logprobs
         # are log_softmax(logits); top_k=1 would report 0.0 (the top-1 distribution). vLLM

@@ -65,20 +65,7 @@ def default_text_config() -> dict[str, Any]:
 
 def default_expert_config() -> dict[str, Any]:
     """The flow action expert: a 2-layer, width-32 Llama (4 heads, 2 KV heads), no vocabulary."""
-    return {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 1,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-    }
+    return {**default_text_config(), "hidden_size": 32, "intermediate_size": 64, "vocab_size": 1}
 
 
 def _default_value_hidden_dims() -> list[int]:

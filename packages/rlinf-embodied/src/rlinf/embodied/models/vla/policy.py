@@ -78,8 +78,6 @@ from rlinf.embodied.models.vla.token_sampling import (
 
 __all__ = ["FlowVLAPolicy", "TokenVLAPolicy"]
 
-_MODES = ("train", "eval")
-
 
 @dataclass
 class _ModelInputs:
@@ -379,14 +377,6 @@ class _VLAPolicy(BasePolicy):
             states=None if states is None else states.to(device),
         )
 
-    def _zero_values(self, batch: int) -> Tensor:
-        return torch.zeros(batch, self.value_dim, device=self.prompt_ids.device)
-
-    @staticmethod
-    def _check_mode(mode: str) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
-
     def _check_values_requested(self, has_head: bool) -> None:
         if not (self.cfg.add_value_head and has_head):
             raise ValueError(
@@ -427,7 +417,7 @@ class TokenVLAPolicy(_VLAPolicy):
 
     def _values(self, values: Tensor | None, batch: int) -> Tensor:
         if values is None or not self.cfg.add_value_head:
-            return self._zero_values(batch)
+            return self._zero_values(batch, self.prompt_ids.device)
         return values
 
     def predict_action_batch(
@@ -582,7 +572,7 @@ class FlowVLAPolicy(_VLAPolicy):
 
     def _values_of(self, prefix: FlowPrefix, batch: int) -> Tensor:
         if self.model.value_head is None or not self.cfg.add_value_head:
-            return self._zero_values(batch)
+            return self._zero_values(batch, self.prompt_ids.device)
         return self.model.values(prefix)
 
     def predict_action_batch(
@@ -700,16 +690,6 @@ class FlowVLAPolicy(_VLAPolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """The flow-matching loss of expert chunks (see :meth:`flow_matching_loss`)."""
-        return self.flow_matching_loss(obs, actions, generator=generator)
-
-    def flow_matching_loss(
-        self,
-        obs: Mapping[str, Tensor],
-        actions: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
         """Supervised flow-matching loss of expert action chunks (for SFT / warm starts).
 
         Args:
@@ -738,3 +718,6 @@ class FlowVLAPolicy(_VLAPolicy):
         if pad:
             normalized = torch.nn.functional.pad(normalized, (0, pad))
         return flow_matching_loss(self.model, prefix, normalized, generator=generator)
+
+    flow_matching_loss = behaviour_cloning_loss
+    """The behaviour-cloning loss under its own name (this family's SFT loss)."""
