@@ -52,90 +52,23 @@ numbers and the command.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-import torch
+from toy_grpo_runs import curve, launch_modes, shutdown, time_to_gain, toy_config
 
-from rlinf.core.config import load_config
-from rlinf.reasoning.config import ReasoningConfig
-from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
-from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
-from rlinf.sched import Cluster, WorkerGroup
+from rlinf.sched import Cluster
 
 pytestmark = pytest.mark.timeout(1500)
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
 GAIN = 0.15
 LR = 2e-4
 EVAL_EVERY = 10
 MAX_STEPS = 350
-WARMUP = 2
 K = 1
-# The task of the docs' quickstart and of the slow learning test.
-TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300, batch_size=64)
-
-
-def _cfg(toy: Path, logs: Path, staleness: int) -> ReasoningConfig:
-    return load_config(
-        "toy_grpo_cpu",
-        CONFIG_DIR,
-        [
-            f"data.train_files=[{toy}/train.jsonl]",
-            f"data.val_files=[{toy}/test.jsonl]",
-            f"actor.model_path={toy}/warmstart",
-            f"runner.max_steps={MAX_STEPS}",
-            "runner.save_interval=-1",
-            f"runner.val_check_interval={EVAL_EVERY}",  # builds the held-out set
-            "runner.val_before_train=false",
-            f"runner.logger.log_path={logs}",
-            "runner.logger.logger_backends=[]",
-            f"actor.optim.lr={LR}",
-            f"algorithm.max_staleness={staleness}",
-        ],
-        ReasoningConfig,
-    )
-
-
-def _time_to_gain(
-    cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...], goal: float
-) -> dict[str, Any]:
-    """Trains until an eval reaches ``goal`` (or ``MAX_STEPS``); returns times and curve."""
-    runner = ReasoningRunner(cfg, *groups)
-    evals: list[tuple[int, float, float]] = []  # (step, accuracy, seconds since start)
-    steps: list[dict[str, float]] = []  # what each train_step returned
-    reached: float | None = None
-    try:
-        runner.init_workers()
-        start = time.perf_counter()
-        while runner.global_step < runner.total_steps:
-            steps.append(runner.train_step())
-            step = runner.global_step
-            if step % EVAL_EVERY == 0:
-                acc = runner.evaluate()["eval/accuracy"]
-                evals.append((step, acc, time.perf_counter() - start))
-                print(f"  k={cfg.algorithm.max_staleness} step {step}: {acc:.3f}", flush=True)
-                if acc >= goal:
-                    reached = evals[-1][2]
-                    break
-        runner.stop_streams()
-    finally:
-        runner.close()
-    return {
-        "seconds": reached,
-        "evals": evals,
-        "step_time": statistics.median(m["time/step"] for m in steps[WARMUP:]),
-        "train_seconds": sum(m["time/step"] for m in steps),
-        "staleness_max": max((m.get("rollout/staleness_max", 0.0) for m in steps), default=0.0),
-        "dropped": sum(m.get("rollout/dropped_stale_groups", 0.0) for m in steps),
-        "steps": len(steps),
-    }
 
 
 def test_async_vs_sync_grpo_time_to_accuracy(
@@ -143,35 +76,33 @@ def test_async_vs_sync_grpo_time_to_accuracy(
 ) -> None:
     assert not ray.is_initialized()
     toy = tmp_path / "toy"
-    cfgs = {mode: _cfg(toy, tmp_path / mode, k) for mode, k in (("sync", 0), ("async", K))}
+    cfgs = {
+        mode: toy_config(
+            toy,
+            tmp_path / mode,
+            MAX_STEPS,
+            EVAL_EVERY,
+            f"actor.optim.lr={LR}",
+            f"algorithm.max_staleness={k}",
+        )
+        for mode, k in (("sync", 0), ("async", K))
+    }
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            launches = {
-                mode: pool.submit(launch_reasoning_groups, cfg, cluster, f"bench-{mode}-")
-                for mode, cfg in cfgs.items()
-            }
-            before = torch.get_num_threads()
-            torch.set_num_threads(1)
-            task = make_toy_task(toy, TASK)  # while the workers start
-            torch.set_num_threads(before)
-            launched: dict[str, Any] = {m: f.result(timeout=600) for m, f in launches.items()}
-        groups = {m: (g[1], g[2], g[3]) for m, g in launched.items()}
+        groups, task = launch_modes(cluster, cfgs, toy)
         goal = task.accuracy + GAIN
         results: dict[str, dict[str, Any]] = {}
         try:
             for mode in ("sync", "async"):
-                results[mode] = _time_to_gain(cfgs[mode], groups[mode], goal)
+                results[mode] = time_to_gain(cfgs[mode], groups[mode], goal, EVAL_EVERY, mode)
         finally:
-            for group_set in groups.values():
-                for group in group_set:
-                    group.shutdown()
+            shutdown(groups)
     print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
     for mode, r in results.items():
         print(
             f"{mode}: reached in {r['seconds']} s after {r['steps']} steps "
             f"(training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
             f"staleness max {r['staleness_max']:.0f}, dropped groups {r['dropped']:.0f}); "
-            f"evals (step, acc, s): {[(s, round(a, 3), round(t, 1)) for s, a, t in r['evals']]}"
+            f"evals (step, acc, s): {curve(r)}"
         )
     assert results["async"]["staleness_max"] <= K
     missed = [m for m, r in results.items() if r["seconds"] is None]

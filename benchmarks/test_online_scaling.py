@@ -52,6 +52,9 @@ gradient reduction per minibatch, a fused AdamW and the local-shard clip:
   45, 55 steps): **1.12x**; median step 0.648 vs 0.490 s: **1.32x**;
 * run 2: 92.8 s (25, 50, 60) vs 73.9 s (40, 40, 60): **1.25x**; step 0.654 vs
   0.501 s: **1.31x**;
+* run 3 (later, after the Megatron row was added): 83.2 s (25, 50, 60) vs 72.1 s
+  (45, 60, 40): **1.15x**; step 0.590 vs 0.468 s: **1.26x**; the Megatron row
+  0.700 vs 0.500 s: **1.40x**;
 * scale-up + scale-down ~0.02 s median per step, ~97x under the 2 s budget;
   training 0.24-0.26 s on two ranks vs 0.35-0.36 s on one, the logprob
   recomputation 0.06-0.07 vs 0.10-0.11 s.
@@ -66,98 +69,41 @@ waited on several). See ``docs/online_scaling.md``.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 import torch
+from toy_grpo_runs import (
+    TASK,
+    WARMUP,
+    curve,
+    launch_modes,
+    shutdown,
+    time_to_gain,
+    toy_config,
+)
 
-from rlinf.core.config import load_config
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
-from rlinf.reasoning.toy_task import ToyTaskConfig, make_toy_task
-from rlinf.sched import Cluster, WorkerGroup
+from rlinf.reasoning.toy_task import make_toy_task
+from rlinf.sched import Cluster
 
 pytestmark = pytest.mark.timeout(900)
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "examples" / "reasoning" / "config"
 GAIN = 0.05
 EVAL_EVERY = 5
 MAX_STEPS = 80  # the slowest run measured needed 55
-WARMUP = 2
-STAGES = ("time/rollout", "time/reward", "time/actor/inference", "time/actor/training")
-# The task of the docs' quickstart, the slow learning test and the async benchmark.
 # Each mode trains once per data order (``data.seed``: which prompts make each
 # step's batch); the time-to-accuracy row compares the sums over these runs.
 DATA_SEEDS = (42, 7, 2024)
-TASK = ToyTaskConfig(num_train=1500, num_test=300, max_operand=29, sft_steps=300, batch_size=64)
 
 
-def _cfg(
-    toy: Path, logs: Path, scaling: bool, data_seed: int = DATA_SEEDS[0], *extra: str
-) -> ReasoningConfig:
-    return load_config(
-        "toy_grpo_cpu",
-        CONFIG_DIR,
-        [
-            f"data.train_files=[{toy}/train.jsonl]",
-            f"data.val_files=[{toy}/test.jsonl]",
-            f"actor.model_path={toy}/warmstart",
-            f"runner.max_steps={MAX_STEPS}",
-            "runner.save_interval=-1",
-            f"runner.val_check_interval={EVAL_EVERY}",  # builds the held-out set
-            "runner.val_before_train=false",
-            f"runner.logger.log_path={logs}",
-            "runner.logger.logger_backends=[]",
-            f"+runner.online_scaling={str(scaling).lower()}",
-            f"data.seed={data_seed}",
-            *extra,
-        ],
-        ReasoningConfig,
-    )
-
-
-def _time_to_gain(
-    cfg: ReasoningConfig, groups: tuple[WorkerGroup, ...], goal: float
-) -> dict[str, Any]:
-    """Trains until an eval reaches ``goal`` (or ``MAX_STEPS``); returns times and curve."""
-    runner = ReasoningRunner(cfg, *groups)
-    evals: list[tuple[int, float, float]] = []  # (step, accuracy, seconds since start)
-    steps: list[dict[str, float]] = []  # what each train_step returned
-    reached: float | None = None
-    mode = "scaled" if cfg.runner.online_scaling else "static"
-    try:
-        runner.init_workers()
-        start = time.perf_counter()
-        while runner.global_step < runner.total_steps:
-            steps.append(runner.train_step())
-            step = runner.global_step
-            if step % EVAL_EVERY == 0:
-                acc = runner.evaluate()["eval/accuracy"]
-                evals.append((step, acc, time.perf_counter() - start))
-                print(f"  {mode} step {step}: {acc:.3f} at {evals[-1][2]:.1f} s", flush=True)
-                if acc >= goal:
-                    reached = evals[-1][2]
-                    break
-    finally:
-        runner.close()
-    return {
-        "seconds": reached,
-        "evals": evals,
-        "step_time": statistics.median(m["time/step"] for m in steps[WARMUP:]),
-        "train_seconds": sum(m["time/step"] for m in steps),
-        "scale_s": [m.get("time/scale_up", 0.0) + m.get("time/scale_down", 0.0) for m in steps],
-        "stages": {
-            key: statistics.median(m[key] for m in steps[WARMUP:])
-            for key in STAGES
-            if all(key in m for m in steps[WARMUP:])
-        },
-        "steps": len(steps),
-    }
+def _cfg(toy: Path, logs: Path, scaling: bool, data_seed: int, *extra: str) -> ReasoningConfig:
+    flag = f"+runner.online_scaling={str(scaling).lower()}"
+    return toy_config(toy, logs, MAX_STEPS, EVAL_EVERY, flag, f"data.seed={data_seed}", *extra)
 
 
 def test_online_scaling_vs_static_time_to_accuracy(
@@ -166,30 +112,18 @@ def test_online_scaling_vs_static_time_to_accuracy(
     assert not ray.is_initialized()
     toy = tmp_path / "toy"
     modes = {"static": False, "scaled": True}
-    cfgs = {mode: _cfg(toy, tmp_path / mode, on) for mode, on in modes.items()}
+    cfgs = {mode: _cfg(toy, tmp_path / mode, on, DATA_SEEDS[0]) for mode, on in modes.items()}
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            launches = {
-                mode: pool.submit(launch_reasoning_groups, cfg, cluster, f"bench-{mode}-")
-                for mode, cfg in cfgs.items()
-            }
-            before = torch.get_num_threads()
-            torch.set_num_threads(1)
-            task = make_toy_task(toy, TASK)  # while the workers start
-            torch.set_num_threads(before)
-            launched: dict[str, Any] = {m: f.result(timeout=600) for m, f in launches.items()}
-        groups = {m: (g[1], g[2], g[3]) for m, g in launched.items()}
+        groups, task = launch_modes(cluster, cfgs, toy)
         goal = task.accuracy + GAIN
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         try:
             for seed in DATA_SEEDS:  # the modes alternate, so load changes hit both
                 for mode, on in modes.items():
                     cfg = _cfg(toy, tmp_path / f"{mode}-{seed}", on, seed)
-                    runs[mode].append(_time_to_gain(cfg, groups[mode], goal))
+                    runs[mode].append(time_to_gain(cfg, groups[mode], goal, EVAL_EVERY, mode))
         finally:
-            for group_set in groups.values():
-                for group in group_set:
-                    group.shutdown()
+            shutdown(groups)
     print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
     for mode, mode_runs in runs.items():
         for seed, r in zip(DATA_SEEDS, mode_runs, strict=True):
@@ -197,7 +131,7 @@ def test_online_scaling_vs_static_time_to_accuracy(
                 f"{mode} (data.seed {seed}): reached in {r['seconds']} s after {r['steps']} "
                 f"steps (training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
                 f"median stages { ({k: round(v, 3) for k, v in r['stages'].items()}) }); evals "
-                f"(step, acc, s): {[(s, round(a, 3), round(t, 1)) for s, a, t in r['evals']]}"
+                f"(step, acc, s): {curve(r)}"
             )
     scale_s = [s for r in runs["scaled"] for s in r["scale_s"]]
     print(f"scale up+down seconds per step: {[round(s, 3) for s in scale_s]}")
