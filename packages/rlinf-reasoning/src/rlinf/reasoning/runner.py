@@ -18,11 +18,10 @@ One step (``N = algorithm.rollout_batch_size`` prompts, ``G = group_size``):
 Every sample of a step comes from the weights synced at its start (checked:
 the actor reports the versions it trained on).
 
-With ``runner.online_scaling`` (disaggregated placement; FSDP actor, or Megatron with
-PP = 1) the actor
-group is launched over the actor's and the rollout's devices
-(:func:`rlinf.sched.grown_actor_strategy`); a step then runs generation and
-reward first, grows the actor onto the rollout's devices
+With ``runner.online_scaling`` (disaggregated placement; the FSDP actor, or the
+Megatron actor with PP = 1) the actor group is launched over the actor's and the
+rollout's devices (:func:`rlinf.sched.grown_actor_strategy`); a step then runs
+generation and reward first, grows the actor onto the rollout's devices
 (:meth:`~rlinf.reasoning.workers.FSDPActor.scale_up`), trains on all ranks and
 shrinks back (``scale_down``) before the next weight sync; it logs
 ``time/scale_up``, ``time/scale_down``, ``actor/world_size_generate`` and
