@@ -25,6 +25,7 @@ from rlinf.reasoning.engines import HFEngine, SamplingParams
 from rlinf.reasoning.toy_task import ToyTaskConfig, build_tokenizer, make_toy_task
 from rlinf.reasoning.workers import FSDPActor, pack_samples
 from rlinf.reasoning.workers.actor import _has_dropout
+from rlinf.reasoning.workers.batch import response_logprobs
 
 PROMPTS = ["12+7=", "3-28=", "1+1=", "29-29=", "7+15="]
 
@@ -356,6 +357,69 @@ def test_first_minibatch_logprobs_come_from_its_training_forward(
     assert max(float((fused_w[k] - plain_w[k]).abs().max()) for k in fused_w) < 1e-6
     for key in ("actor/policy_loss", "actor/ratio", "actor/logprob_diff_max"):
         assert fused_m[key] == pytest.approx(plain_m[key], abs=1e-5), key
+
+
+class _KeyedChannel:
+    """A keyed channel over a list: ``get(key=...)`` pops the oldest item put under ``key``."""
+
+    def __init__(self, items: list[tuple[str, Any]]) -> None:
+        self.items = list(items)
+
+    def get(self, key: str = "", timeout: float | None = None) -> Any:
+        i = next(i for i, (k, _) in enumerate(self.items) if k == key)
+        return self.items.pop(i)[1]
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["stream", "shuffle"])
+def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
+    toy: Path, make_actor: Any, shuffle: bool
+) -> None:
+    """Async GRPO: the rollout's proximal logprobs (``response_logprobs`` on the engine's
+    model, the actor's weights) stand in for the actor's no-grad recompute.
+
+    The groups are one version old at step 1. Given the rollout's scores (after
+    an older message it must skip), the actor recomputes nothing beyond the
+    fused first minibatch, and its update (plain SGD) equals the one of its own
+    recomputation; a group the rollout did not score is recomputed locally.
+    """
+    groups = _groups(toy, 1.0)[:4]
+    engine = HFEngine(toy / "warmstart", dtype="float32", device="cpu")
+    pairs = [(g.prompt_ids, ids) for g in groups for ids in g.response_ids]
+    flat = response_logprobs(engine.model, pairs, engine.pad_token_id, 1.0, 5)
+    scores = {g.index: flat[4 * k : 4 * k + 4] for k, g in enumerate(groups)}
+
+    def run(proximal: Any) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
+        cfg = _cfg(toy, n_minibatches=2, max_staleness=1, shuffle_rollout=shuffle)
+        cfg.actor.micro_batch_size = 4
+        actor = make_actor(cfg)
+        actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
+        recomputed = 0
+        real = actor._no_grad_logprobs
+
+        def counting(model: Any, samples: list[Any]) -> list[torch.Tensor]:
+            nonlocal recomputed
+            recomputed += len(samples)
+            return real(model, samples)
+
+        actor._no_grad_logprobs = counting
+        out = actor.run_training(_ListChannel(copy.deepcopy(groups)), 1, proximal=proximal)
+        assert out["dropped"] == 0 and out["versions"] == [0]
+        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed
+
+    own_w, own_m, own_n = run(None)
+    older = {"version": 0, "groups": {}}
+    rollout_w, rollout_m, rollout_n = run(
+        _KeyedChannel([("0", older), ("0", {"version": 1, "groups": scores})])
+    )
+    assert (own_n, rollout_n) == (8, 0)  # minibatch 0 is fused; the rest came from the rollout
+    assert own_m["actor/proximal_from_rollout"] == 0.0
+    assert rollout_m["actor/proximal_from_rollout"] == 0.5
+    assert max(float((own_w[k] - rollout_w[k]).abs().max()) for k in own_w) < 1e-5
+    for key in ("actor/policy_loss", "actor/ratio"):
+        assert own_m[key] == pytest.approx(rollout_m[key], abs=1e-5), key
+    missing = {i: v for i, v in scores.items() if i != groups[-1].index}
+    _, _, partial_n = run(_KeyedChannel([("0", {"version": 1, "groups": missing})]))
+    assert 0 < partial_n < own_n  # the unscored group's samples outside minibatch 0
 
 
 def test_dropout_turns_the_fused_first_minibatch_off(toy: Path, make_actor: Any) -> None:

@@ -121,7 +121,7 @@ def _config(toy: Path, logs: Path, name: str, **runner: Any) -> dict[str, Any]:
         "algorithm": {
             "group_size": 4,
             "rollout_batch_size": BATCH,
-            "n_minibatches": 1,
+            "n_minibatches": 2,  # the second minibatch needs proximal logprobs
             "max_staleness": K,
             "sampling_params": {"temperature": 1.0, "max_new_tokens": 4},
         },
@@ -208,6 +208,9 @@ def test_async_run_logs_staleness_and_trains_each_prompt_once(async_run: dict[st
     assert "eval/accuracy" in history[1] and "eval/accuracy" in history[3]
     # Steps after the first train on groups requested ahead of them (staleness > 0).
     assert sum(m["rollout/staleness_hist_1"] for m in history) > 0
+    # Their proximal logprobs came from the rollout, scored right after each load.
+    assert cfg.scores_proximal_on_rollout
+    assert sum(m["actor/proximal_from_rollout"] for m in history[1:]) > 0
     trained = Counter(i for step in runner.data_history for i in step)
     assert trained == _issued(cfg, 0, 4)
     checkpoints = runner.checkpoint_root
@@ -291,6 +294,15 @@ def test_async_config_errors_name_the_keys(toy: Path, tmp_path: Path) -> None:
     assert validate_config(data, ReasoningConfig).algorithm.use_importance_sampling_fix
     data["algorithm"]["max_staleness"] = 0
     assert not validate_config(data, ReasoningConfig).algorithm.use_importance_sampling_fix
+    # The rollout scores proximal logprobs only in async mode (null: where it can).
+    assert not validate_config(data, ReasoningConfig).scores_proximal_on_rollout
+    data["algorithm"]["proximal_on_rollout"] = True
+    with pytest.raises(ConfigError, match=r"proximal_on_rollout=true.*max_staleness=0"):
+        validate_config(data, ReasoningConfig)
+    data["algorithm"]["max_staleness"] = 1
+    assert validate_config(data, ReasoningConfig).scores_proximal_on_rollout
+    data["algorithm"]["proximal_on_rollout"] = False
+    assert not validate_config(data, ReasoningConfig).scores_proximal_on_rollout
 
 
 def test_async_refuses_collocated_placement(toy: Path, tmp_path: Path) -> None:

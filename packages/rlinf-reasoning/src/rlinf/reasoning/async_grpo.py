@@ -129,7 +129,9 @@ class AsyncPipeline:
         self._issued = step
         self._cursors.clear()
         self._streams = [
-            runner.rollout.generate_stream(runner.requests, runner.generated),
+            runner.rollout.generate_stream(
+                runner.requests, runner.generated, runner.proximal, runner.actor.world_size
+            ),
             runner.reward.score_stream(runner.generated, runner.rewarded),
         ]
 
@@ -273,7 +275,7 @@ class AsyncPipeline:
         """
         runner = self.runner
         cfg = self.cfg
-        fut = runner.actor.run_training(runner.rewarded, step, runner.requests)
+        fut = runner.actor.run_training(runner.rewarded, step, runner.requests, runner.proximal)
         deadline = time.monotonic() + cfg.runner.step_timeout_s
         self.wait_synced()  # version ``step`` is loaded: what is requested now is not too old
         self.issue(step)

@@ -198,6 +198,13 @@ class AlgorithmConfig(RLinfModel):
     importance_sampling_clip: float = Field(
         2.0, gt=0, description="Upper bound of a truncated-IS weight."
     )
+    proximal_on_rollout: bool | None = Field(
+        None,
+        description="Async GRPO: the rollout scores the previous version's groups under "
+        "each new weight version right after loading it (its device idles then) and the "
+        "actor takes those proximal logprobs instead of recomputing them. null: on in "
+        "async mode with the hf engine, recomputed logprobs and no reference model.",
+    )
     use_valid_token_scale: bool = Field(
         False,
         description="DAPO token-level loss: scale each micro-batch's token-mean loss so a "
@@ -578,6 +585,14 @@ class ReasoningConfig(RLinfModel):
                 f"token mean, but algorithm.loss_agg_mode is {alg.loss_agg_mode!r}; set "
                 "loss_agg_mode: token-mean or use_valid_token_scale: false"
             )
+        if alg.proximal_on_rollout and not self._proximal_possible():
+            raise ValueError(
+                "algorithm.proximal_on_rollout=true needs asynchronous GRPO (max_staleness > "
+                "0), actor.recompute_logprobs: true, rollout.engine: hf and no KL term, got "
+                f"max_staleness={alg.max_staleness}, recompute_logprobs="
+                f"{actor.recompute_logprobs}, engine={self.rollout.engine!r}, kl_beta="
+                f"{alg.kl_beta}; set it to null (automatic) or false"
+            )
         if alg.use_importance_sampling_fix and not actor.recompute_logprobs:
             why = (
                 "algorithm.importance_sampling_fix=true"
@@ -614,6 +629,20 @@ class ReasoningConfig(RLinfModel):
     def rollout_model_path(self) -> Path:
         """The engine's model directory (``rollout.model_path`` or ``actor.model_path``)."""
         return self.rollout.model_path or self.actor.model_path
+
+    @property
+    def scores_proximal_on_rollout(self) -> bool:
+        """Whether the rollout scores the proximal logprobs (``proximal_on_rollout``)."""
+        flag = self.algorithm.proximal_on_rollout
+        return self._proximal_possible() if flag is None else flag
+
+    def _proximal_possible(self) -> bool:
+        return (
+            self.algorithm.is_async
+            and self.actor.recompute_logprobs
+            and self.rollout.engine == "hf"
+            and not self.needs_ref_model
+        )
 
     @property
     def needs_ref_model(self) -> bool:

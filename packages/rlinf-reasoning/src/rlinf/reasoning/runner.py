@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from rlinf.core import startup
+from rlinf.core.channel import Channel
 from rlinf.core.checkpoint import (
     find_latest_checkpoint,
     new_checkpoint,
@@ -354,6 +355,9 @@ class ReasoningRunner(ClosesOnExit):
         self.requests = self._res.channel("requests", f"{tag}.requests", max_items=items)
         self.generated = self._res.channel("rollout", f"{tag}.rollout", max_items=items)
         self.rewarded = self._res.channel("reward", f"{tag}.reward", max_items=items)
+        self.proximal: Channel | None = None  # async: the rollout's proximal logprobs
+        if self.cfg.scores_proximal_on_rollout:
+            self.proximal = self._res.channel("proximal", f"{tag}.proximal", max_items=items)
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         self._initialized = True

@@ -656,7 +656,11 @@ class FSDPActor(Worker):
             s.advantages = adv[i, : s.response_length].float()
 
     def run_training(
-        self, channel: Channel, step: int, requeue: Channel | None = None
+        self,
+        channel: Channel,
+        step: int,
+        requeue: Channel | None = None,
+        proximal: Channel | None = None,
     ) -> dict[str, Any]:
         """Trains on this rank's share of step ``step``'s prompt groups from ``channel``.
 
@@ -669,6 +673,10 @@ class FSDPActor(Worker):
             channel: Where the rewarded :class:`RolloutResult` groups arrive.
             step: The global step (0-based) being trained (= the weight version).
             requeue: Async mode: the request channel that takes dropped prompts back.
+            proximal: Async mode: where the rollout puts the proximal logprobs of the
+                previous version's groups under this step's weights (it scores them
+                right after loading them); those groups take their old logprobs from
+                there instead of a no-grad forward here.
 
         Returns:
             ``{"train": minibatch-averaged actor metrics, "rollout": rollout
@@ -694,6 +702,8 @@ class FSDPActor(Worker):
         results: list[RolloutResult] = []
         call_start = time.perf_counter()
         busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0, "prepare": 0.0, "total": 0.0}
+        busy["wait_proximal"] = 0.0
+        from_rollout_count = 0  # old logprobs taken from the rollout's proximal scores
         dropped: list[int] = []  # dataset indices of the groups dropped as too stale
         train_start = float("nan")  # time.time() when the first micro-batch started
         lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
@@ -727,17 +737,41 @@ class FSDPActor(Worker):
                 samples.extend(fresh)
                 busy["prepare"] += time.perf_counter() - t1
 
+        scored: dict[int, list[torch.Tensor]] | None = None  # the rollout's, by group index
+
+        def from_rollout(position: int) -> torch.Tensor | None:
+            # The rollout's proximal logprobs of a previous-version sample, if it sent them.
+            nonlocal scored
+            result = results[position // g]
+            if proximal is None or result.version != step - 1:
+                return None
+            if scored is None:
+                t0 = time.perf_counter()
+                scored = self._proximal_scores(proximal, step, timeout)
+                busy["wait_proximal"] += time.perf_counter() - t0
+            group = scored.get(result.index)
+            return None if group is None else group[position % g]
+
         def logprobs_upto(n: int) -> None:
             # Old/ref logprobs with the step's starting weights, in fixed chunks, so
             # every rank runs the same forward passes (FSDP collectives) in the same order.
-            nonlocal lp_done
+            nonlocal lp_done, from_rollout_count
             if n <= lp_done or not (recompute or self.ref_model is not None):
                 lp_done = max(lp_done, n)
                 return
             t0 = time.perf_counter()
-            todo = [s for i, s in enumerate(samples[lp_done:n], lp_done) if i not in fused]
+            positions = [i for i in range(lp_done, n) if i not in fused]
+            todo = [samples[i] for i in positions]
             if recompute:
-                for s, lp in zip(todo, self._no_grad_logprobs(self.model, todo), strict=True):
+                local = []
+                for i, s in zip(positions, todo, strict=True):
+                    lp = from_rollout(i)
+                    if lp is None:
+                        local.append(s)
+                    else:
+                        s.old_logprobs = lp
+                        from_rollout_count += 1
+                for s, lp in zip(local, self._no_grad_logprobs(self.model, local), strict=True):
                     s.old_logprobs = lp
             if self.ref_model is not None:
                 for s, lp in zip(todo, self._no_grad_logprobs(self.ref_model, todo), strict=True):
@@ -765,7 +799,7 @@ class FSDPActor(Worker):
                     logprobs_upto(len(samples))  # REINFORCE++ KL needs them first
                 self._advantages(samples, g)
             order = samples
-            if shuffle:
+            if shuffle and not fused:
                 logprobs_upto(len(samples))  # stored per sample, so any order is safe
             self.model.train()
             for epoch in range(alg.update_epochs):
@@ -787,7 +821,8 @@ class FSDPActor(Worker):
                     for k in range(n_micro):
                         lo, hi = first + k * micro, first + (k + 1) * micro
                         pull(-(-hi // g))
-                        logprobs_upto(hi)
+                        if not shuffle:  # shuffled: all computed up front or after mb 0
+                            logprobs_upto(hi)
                         if math.isnan(train_start):
                             train_start = time.time()
                         t0 = time.perf_counter()
@@ -825,7 +860,11 @@ class FSDPActor(Worker):
             samples, results, dropped = [], [], []
         return {
             # skipped_steps: a count (every rank saw the same global norm), not a mean
-            "train": {**train_means.means(), "actor/skipped_steps": float(skipped)},
+            "train": {
+                **train_means.means(),
+                "actor/skipped_steps": float(skipped),
+                "actor/proximal_from_rollout": from_rollout_count / max(1, len(samples)),
+            },
             "rollout": self._rollout_stats(samples, results),
             "time": busy,
             "versions": sorted({r.version for r in results}),
@@ -833,6 +872,21 @@ class FSDPActor(Worker):
             "staleness": [step - r.version for r in results],
             "dropped": len(dropped),
         }
+
+    def _proximal_scores(
+        self, channel: Channel, step: int, timeout: float
+    ) -> dict[int, list[torch.Tensor]]:
+        """The rollout's proximal logprobs for weights ``step`` (older messages are skipped)."""
+        while True:
+            message: dict[str, Any] = channel.get(key=str(self.rank), timeout=timeout)
+            if message["version"] >= step:
+                if message["version"] > step:
+                    raise RuntimeError(
+                        f"proximal logprobs of version {message['version']} reached the actor "
+                        f"at step {step}; the rollout loads weights only after their step"
+                    )
+                groups: dict[int, list[torch.Tensor]] = message["groups"]
+                return groups
 
     def _too_stale(
         self, item: RolloutResult, version: int, requeue: Channel | None, timeout: float

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PackedBatch", "Sample", "pack_samples", "pad_rows"]
+__all__ = ["PackedBatch", "Sample", "pack_samples", "pad_rows", "response_logprobs"]
 
 
 @dataclass
@@ -120,4 +120,40 @@ def pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, row in enumerate(rows):
         out[i, : row.numel()] = row.float()
+    return out
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_token_id: int,
+    temperature: float,
+    micro_batch_size: int,
+) -> list[torch.Tensor]:
+    """Teacher-forced logprobs of each response under ``model`` (no grad).
+
+    The actor's layout (:func:`pack_samples`) and token logprobs
+    (``log_softmax(logits / temperature)``), ``micro_batch_size`` pairs per
+    forward, on the model's device.
+
+    Returns:
+        One ``[len(response)]`` float32 CPU tensor per pair.
+    """
+    from rlinf.reasoning.models import compute_token_logprobs
+
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    with torch.no_grad():
+        for i in range(0, len(pairs), micro_batch_size):
+            chunk = pairs[i : i + micro_batch_size]
+            packed = pack_samples(chunk, pad_token_id).to(device)
+            lp = compute_token_logprobs(
+                model,
+                packed.input_ids,
+                packed.attention_mask,
+                response_start=packed.response_start,
+                temperature=temperature,
+                response_mask=packed.response_mask,
+            )
+            out += [lp[k, : len(resp)].float().cpu() for k, (_, resp) in enumerate(chunk)]
     return out
