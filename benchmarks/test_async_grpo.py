@@ -36,7 +36,11 @@ Rows (higher is better):
   (260, 270, 260): **1.19x**; the same runs done separately before (one order
   per cluster): sync 200, 300, 270 steps vs async 250, 270, 220, per order
   0.92x, 1.34x and 1.56x, summed 1.26x. The file used one order (42) before,
-  which measured 0.81x-1.36x over eight runs; 15 minutes now (5 before);
+  which measured 0.81x-1.36x over eight runs; 15 minutes now (5 before).
+  With the proximal logprobs scored by the rollout (``algorithm.proximal_on_rollout``,
+  on by default in async mode), same box and day: sync 482 s (200, 300, 270
+  steps) vs async 332 s (200, 210, 270): **1.45x**, step 0.61 vs 0.45 s
+  (1.36x);
 * step time: ``sync / async`` of the median over the runs of each run's median
   ``time/step`` (steps after the first ``WARMUP``); informational (quiet box:
   1.15-1.23x). Its ceiling is ``1 + G / A``: the async step is at best the

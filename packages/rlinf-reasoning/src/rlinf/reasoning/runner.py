@@ -610,6 +610,9 @@ class ReasoningRunner(ClosesOnExit):
                 "time/actor/training": max(r["time"]["train"] for r in actor_out),
                 "time/actor/inference": max(r["time"]["recompute"] for r in actor_out),
                 "time/actor/wait": max(r["time"]["wait"] for r in actor_out),
+                "time/actor/wait_proximal": max(
+                    r["time"].get("wait_proximal", 0.0) for r in actor_out
+                ),
                 "time/actor/prepare": max(r["time"].get("prepare", 0.0) for r in actor_out),
                 "time/actor/total": max(r["time"].get("total", 0.0) for r in actor_out),
                 "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
