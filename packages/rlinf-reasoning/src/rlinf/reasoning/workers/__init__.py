@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlinf.reasoning.workers.actor import FSDPActor
-    from rlinf.reasoning.workers.batch import PackedBatch, Sample, pack_samples, pad_rows
+    from rlinf.reasoning.workers.batch import (
+        PackedBatch,
+        Sample,
+        pack_samples,
+        pad_rows,
+        response_logprobs,
+    )
     from rlinf.reasoning.workers.common import WeightBucket, load_tokenizer
     from rlinf.reasoning.workers.megatron_actor import MegatronActor
     from rlinf.reasoning.workers.reward import RewardWorker
@@ -36,6 +42,7 @@ __all__ = [
     "load_tokenizer",
     "pack_samples",
     "pad_rows",
+    "response_logprobs",
 ]
 
 _WHERE = {
@@ -45,6 +52,7 @@ _WHERE = {
     "Sample": "batch",
     "pack_samples": "batch",
     "pad_rows": "batch",
+    "response_logprobs": "batch",
     "WeightBucket": "common",
     "load_tokenizer": "common",
     "RewardWorker": "reward",
