@@ -319,6 +319,19 @@ def test_valid_token_scale_makes_the_update_independent_of_micro_batching(
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`:UserWarning")
+def _count_recomputed(actor: Any) -> list[int]:
+    """Counts the samples ``actor`` recomputes with a no-grad forward (``[count]``, live)."""
+    count = [0]
+    real = actor._no_grad_logprobs
+
+    def counting(model: Any, samples: list[Any]) -> list[torch.Tensor]:
+        count[0] += len(samples)
+        return real(model, samples)
+
+    actor._no_grad_logprobs = counting
+    return count
+
+
 @pytest.mark.parametrize("shuffle", [False, True], ids=["stream", "shuffle"])
 def test_first_minibatch_logprobs_come_from_its_training_forward(
     toy: Path, make_actor: Any, shuffle: bool
@@ -339,17 +352,9 @@ def test_first_minibatch_logprobs_come_from_its_training_forward(
         if not fuse:
             actor._fuses_first_minibatch = lambda: False
         actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
-        recomputed = 0
-        real = actor._no_grad_logprobs
-
-        def counting(model: Any, samples: list[Any]) -> list[torch.Tensor]:
-            nonlocal recomputed
-            recomputed += len(samples)
-            return real(model, samples)
-
-        actor._no_grad_logprobs = counting
+        recomputed = _count_recomputed(actor)
         out = actor.run_training(_ListChannel(copy.deepcopy(groups)), 0)
-        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed
+        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed[0]
 
     fused_w, fused_m, fused_n = run(True)
     plain_w, plain_m, plain_n = run(False)
@@ -393,18 +398,10 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
         cfg.actor.micro_batch_size = 4
         actor = make_actor(cfg)
         actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
-        recomputed = 0
-        real = actor._no_grad_logprobs
-
-        def counting(model: Any, samples: list[Any]) -> list[torch.Tensor]:
-            nonlocal recomputed
-            recomputed += len(samples)
-            return real(model, samples)
-
-        actor._no_grad_logprobs = counting
+        recomputed = _count_recomputed(actor)
         out = actor.run_training(_ListChannel(copy.deepcopy(groups)), 1, proximal=proximal)
         assert out["dropped"] == 0 and out["versions"] == [0]
-        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed
+        return {n: t.clone() for n, t in actor.full_weights()}, out["train"], recomputed[0]
 
     own_w, own_m, own_n = run(None)
     older = {"version": 0, "groups": {}}
