@@ -178,12 +178,7 @@ class AsyncPPORunner(EmbodiedRunner):
             k,
             self.tensorboard_dir,
         )
-        last: dict[str, float] = {}
-        if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
-            start = time.perf_counter()
-            last = self.evaluate()
-            last["time/eval"] = time.perf_counter() - start
-            logger.log(last, step=0)
+        last = self._eval_before_train()
         bar = progress_bar(
             total=total, desc="embodied-async-ppo", unit="step", initial=self.global_step
         )

@@ -358,6 +358,21 @@ class EmbodiedRunner(ClosesOnExit):
                 _log.info("first weight sync done in %.1f s", time.perf_counter() - start)
         return time.perf_counter() - start
 
+    def _eval_before_train(self) -> dict[str, float]:
+        """Evaluates at step 0 when ``runner.val_before_train`` asks for it (logged at step 0)."""
+        if not (
+            self.cfg.runner.val_before_train
+            and self.cfg.env.eval is not None
+            and self.global_step == 0
+        ):
+            return {}
+        start = time.perf_counter()
+        metrics = self.evaluate()
+        metrics["time/eval"] = time.perf_counter() - start
+        self._res.logger.log(metrics, step=0)
+        startup.mark("eval_before_train")
+        return metrics
+
     def generate_rollouts(self) -> dict[str, float]:
         """One training rollout: env and rollout exchange obs/actions, trajectories reach the actor.
 
@@ -514,13 +529,7 @@ class EmbodiedRunner(ClosesOnExit):
             self.tensorboard_dir,
             self.tensorboard_dir,
         )
-        last: dict[str, float] = {}
-        if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
-            start = time.perf_counter()
-            last = self.evaluate()
-            last["time/eval"] = time.perf_counter() - start
-            logger.log(last, step=0)
-            startup.mark("eval_before_train")
+        last = self._eval_before_train()
         bar = progress_bar(total=total, desc="embodied", unit="step", initial=self.global_step)
         try:
             while self.global_step < total:

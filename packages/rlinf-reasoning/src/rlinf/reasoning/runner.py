@@ -480,11 +480,7 @@ class ReasoningRunner(ClosesOnExit):
                 f"step {step}: the actor trained on prompts {trained}, not {sorted(indices)}"
             )
 
-        metrics: dict[str, float] = {}
-        metrics.update(_rollout_metrics([r["rollout"] for r in actor_out]))
-        train = [r["train"] for r in actor_out]
-        for key in train[0]:
-            metrics[key] = float(np.mean([t[key] for t in train]))
+        metrics = _actor_step_metrics(actor_out)
         t_rollout = max(r["busy_s"] for r in rollout_out)
         t_reward = max(r["busy_s"] for r in reward_out)
         t_train = max(r["time"]["train"] for r in actor_out)
@@ -501,14 +497,9 @@ class ReasoningRunner(ClosesOnExit):
                 "time/reward": t_reward,
                 "time/actor/training": t_train,
                 "time/actor/inference": t_recompute,
-                "time/actor/prepare": max(r["time"].get("prepare", 0.0) for r in actor_out),
-                "time/actor/total": max(r["time"].get("total", 0.0) for r in actor_out),
                 "time/stage_sum": stage_sum,
                 "train/overlap_ratio": stage_sum / t_step if t_step > 0 else float("nan"),
-                "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
-                "train/samples_per_s": _samples_per_s(cfg, t_step),
-                "train/weight_version": float(step),
-                "rollout/generated_tokens": float(tokens),
+                **_throughput_metrics(cfg, tokens, t_step, step),
                 **scaling,
             }
         )
@@ -589,9 +580,7 @@ class ReasoningRunner(ClosesOnExit):
                 f"algorithm.max_staleness={k} allows {max(0, step - k)}..{step} only"
             )
         self.data_history.append(sorted(i for r in actor_out for i in r["indices"]))
-        metrics: dict[str, float] = {}
-        stats = [r["rollout"] for r in actor_out]
-        metrics.update(_rollout_metrics(stats))
+        metrics = _actor_step_metrics(actor_out)
         metrics.update(
             staleness_metrics(
                 [s for r in actor_out for s in r["staleness"]],
@@ -599,10 +588,7 @@ class ReasoningRunner(ClosesOnExit):
                 k,
             )
         )
-        train = [r["train"] for r in actor_out]
-        for key in train[0]:
-            metrics[key] = float(np.mean([t[key] for t in train]))
-        tokens = sum(s.get("response_length_sum", 0.0) for s in stats)
+        tokens = sum(r["rollout"].get("response_length_sum", 0.0) for r in actor_out)
         metrics.update(
             {
                 "time/step": t_step,
@@ -613,12 +599,7 @@ class ReasoningRunner(ClosesOnExit):
                 "time/actor/wait_proximal": max(
                     r["time"].get("wait_proximal", 0.0) for r in actor_out
                 ),
-                "time/actor/prepare": max(r["time"].get("prepare", 0.0) for r in actor_out),
-                "time/actor/total": max(r["time"].get("total", 0.0) for r in actor_out),
-                "train/tokens_per_s": tokens / t_step if t_step > 0 else 0.0,
-                "train/samples_per_s": _samples_per_s(cfg, t_step),
-                "train/weight_version": float(step),
-                "rollout/generated_tokens": float(tokens),
+                **_throughput_metrics(cfg, tokens, t_step, step),
             }
         )
         self.global_step = step + 1
@@ -881,6 +862,28 @@ def _samples_per_s(cfg: ReasoningConfig, seconds: float) -> float:
     """Trained responses (N * G) per second of a step."""
     n = cfg.algorithm.rollout_batch_size * cfg.algorithm.group_size
     return n / seconds if seconds > 0 else 0.0
+
+
+def _throughput_metrics(
+    cfg: ReasoningConfig, tokens: float, seconds: float, step: int
+) -> dict[str, float]:
+    """Tokens and responses per second of a step that trained weight version ``step``."""
+    return {
+        "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "train/samples_per_s": _samples_per_s(cfg, seconds),
+        "train/weight_version": float(step),
+        "rollout/generated_tokens": float(tokens),
+    }
+
+
+def _actor_step_metrics(actor_out: list[dict[str, Any]]) -> dict[str, float]:
+    """Rollout statistics, the ranks' mean train metrics and the slowest rank's actor times."""
+    metrics = _rollout_metrics([r["rollout"] for r in actor_out])
+    train = [r["train"] for r in actor_out]
+    metrics.update({key: float(np.mean([t[key] for t in train])) for key in train[0]})
+    metrics["time/actor/prepare"] = max(r["time"].get("prepare", 0.0) for r in actor_out)
+    metrics["time/actor/total"] = max(r["time"].get("total", 0.0) for r in actor_out)
+    return metrics
 
 
 def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:
