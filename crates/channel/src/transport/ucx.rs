@@ -38,7 +38,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -451,6 +451,7 @@ pub struct Home {
     worker: Arc<Worker>,
     address: Vec<u8>,
     rounds: AtomicU64,
+    paused: AtomicBool,
 }
 
 static HOME: OnceLock<Result<Arc<Home>, String>> = OnceLock::new();
@@ -469,6 +470,7 @@ pub fn home() -> io::Result<Arc<Home>> {
                 worker,
                 address,
                 rounds: AtomicU64::new(0),
+                paused: AtomicBool::new(false),
             });
             let h = Arc::clone(&home);
             std::thread::Builder::new()
@@ -476,6 +478,10 @@ pub fn home() -> io::Result<Arc<Home>> {
                 .spawn(move || {
                     let mut active = Instant::now();
                     loop {
+                        if h.paused.load(Ordering::Acquire) {
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
                         while h.worker.progress() {
                             active = Instant::now();
                         }
@@ -524,5 +530,12 @@ impl Home {
             self.worker.signal();
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Stops progressing the worker for good (after [`Self::quiesce`]): over
+    /// emulated transports no peer's put or get completes after this.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        self.worker.signal();
     }
 }
