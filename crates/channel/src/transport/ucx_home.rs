@@ -28,9 +28,16 @@
 //! (safe: the helper, the only process UCX writes through, is dead).
 //!
 //! Cost: one extra process per UCX connection on the home node, started on
-//! hello (measured on a loaded 2-core machine: about 25 ms for the Rust
-//! `rlinf-ucx-home` binary, about 80 ms for `python -m rlinf.core.ucx_home`),
-//! and one mapping of each channel the connection opens.
+//! hello, and one mapping of each channel the connection opens. Opening a
+//! UCX connection plus one request (median of 20, `ucx-tcp`, debug build,
+//! 2-core VM): 20 ms with the worker in the home process (before), 19 ms
+//! with the `rlinf-ucx-home` binary, 77 ms with `python -m
+//! rlinf.core.ucx_home` (an interpreter start).
+//!
+//! Which program: [`crate::agent::set_ucx_home_helper`] or the environment
+//! variable [`crate::agent::UCX_HOME_HELPER_ENV`] (wins); the Python
+//! binding's `ChannelAgent` sets `sys.executable -m rlinf.core.ucx_home`
+//! when neither is set.
 //!
 //! Protocol (frames of [`crate::wire`]): helper -> agent first `OK, bytes
 //! address` or `error, str why`; agent -> helper `ATTACH, str ns, str name`

