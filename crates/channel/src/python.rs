@@ -633,13 +633,17 @@ impl ChannelAgent {
     fn new(py: Python<'_>, bind: &str) -> PyResult<Self> {
         if crate::agent::ucx_home_helper().is_none() {
             // UCX connections get a helper process each: this interpreter
-            // running `rlinf.core.ucx_home` (no configuration needed).
-            let exe: String = py.import("sys")?.getattr("executable")?.extract()?;
-            crate::agent::set_ucx_home_helper(vec![
-                exe.into(),
-                "-m".into(),
-                "rlinf.core.ucx_home".into(),
-            ]);
+            // running `rlinf.core.ucx_home` (no configuration needed). An
+            // embedded interpreter without `sys.executable` gets none (a UCX
+            // hello then fails with a clear error; TCP works).
+            let exe: Option<String> = py.import("sys")?.getattr("executable")?.extract().ok();
+            if let Some(exe) = exe.filter(|e| !e.is_empty()) {
+                crate::agent::set_ucx_home_helper(vec![
+                    exe.into(),
+                    "-m".into(),
+                    "rlinf.core.ucx_home".into(),
+                ]);
+            }
         }
         let agent = Agent::start(bind).map_err(|e| {
             PyOSError::new_err(format!("cannot start the channel agent on {bind}: {e}"))

@@ -276,6 +276,25 @@ fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
         .unwrap_or_else(|_| panic!("{what}: hung"))
 }
 
+/// Process ids of `rlinf-ucx-home` helpers whose environment has `var`
+/// (inherited from the agent process they serve).
+fn helpers_with_env(var: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if comm.trim_end() == "rlinf-ucx-home"
+            && environ.split(|&b| b == 0).any(|e| e == var.as_bytes())
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 fn home_killed(tls: &str, mid_transfer: bool) {
     let name = name();
     let home = Channel::create(&ns(), &name, opts()).unwrap();
@@ -295,6 +314,12 @@ fn home_killed(tls: &str, mid_transfer: bool) {
         .unwrap(),
     );
     assert_eq!(remote.transport(), "ucx");
+    let flag_var = format!("RLINF_TEST_FLAG={}", flag.to_str().unwrap());
+    assert_eq!(
+        helpers_with_env(&flag_var).len(),
+        1,
+        "{tls}: one UCX home helper"
+    );
     let lane = remote.lane(b"k").unwrap();
     let payload = vec![7u8; ITEM];
     remote
@@ -359,6 +384,11 @@ fn home_killed(tls: &str, mid_transfer: bool) {
     assert!(
         again.to_string().contains("cannot reach the channel agent"),
         "{tls}: {again}"
+    );
+    // The dead agent's helper does not outlive it.
+    assert!(
+        wait_until(|| helpers_with_env(&flag_var).is_empty()),
+        "{tls}: the dead agent's UCX home helper is still there"
     );
     if let Some(drain) = drain {
         drain.join().unwrap();
