@@ -254,11 +254,12 @@ impl HomeHelper {
             .take()
             .ok_or_else(|| io::Error::other("no stdout"))?;
         let child = Arc::new(Mutex::new(child));
-        // Armed (false) once the helper has started: a helper that fails to
-        // start is an error of the hello, not a death to report.
-        let ending = Arc::new(AtomicBool::new(true));
+        let ending = Arc::new(AtomicBool::new(false));
+        // Set once the helper has started: a helper that fails to start is
+        // an error of the hello (replied to the peer), not a death to report.
+        let armed = Arc::new(AtomicBool::new(false));
         let (tx, replies) = mpsc::channel();
-        let (c, e) = (Arc::clone(&child), Arc::clone(&ending));
+        let (c, e, a) = (Arc::clone(&child), Arc::clone(&ending), Arc::clone(&armed));
         let watcher = std::thread::Builder::new()
             .name("rlinf-ucx-helper".into())
             .spawn(move || {
@@ -272,7 +273,8 @@ impl HomeHelper {
                 let status = reap(&c);
                 // Reported when the connection did not end first, or when the
                 // helper did not exit cleanly (e.g. UCX aborted in the drain).
-                if !e.load(Ordering::Acquire) || !status.as_ref().is_ok_and(|s| s.success()) {
+                let clean = status.as_ref().is_ok_and(|s| s.success());
+                if a.load(Ordering::Acquire) && (!e.load(Ordering::Acquire) || !clean) {
                     on_death(match status {
                         Ok(s) => s.to_string(),
                         Err(e) => format!("status unknown: {e}"),
@@ -290,7 +292,7 @@ impl HomeHelper {
         };
         let reply = helper.reply("start")?;
         helper.address = Reader::new(&reply).bytes()?.to_vec();
-        helper.ending.store(false, Ordering::Release);
+        armed.store(true, Ordering::Release);
         Ok(helper)
     }
 
