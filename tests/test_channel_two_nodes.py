@@ -159,13 +159,6 @@ def _check_whole(item: dict[str, object]) -> int:
 def test_remote_producer_killed_mid_transfer_leaves_no_torn_item(
     agent: ChannelAgent, transport: str
 ) -> None:
-    if transport == "ucx-tcp":
-        pytest.skip(
-            "UCX 1.13 (Debian 12) and UCX 1.22.0 (PyPI libucx-cu12) abort the home process "
-            "when a put's initiator dies with puts in flight over UCX's tcp transport "
-            "(ucp_put_handler acks on the failed endpoint: 'ucp_request.inl:346 (356 in 1.22) "
-            "Fatal: unexpected error: Endpoint timeout'); see docs/channel.md"
-        )
     name = f"two_nodes_kill_{uuid.uuid4().hex[:8]}"
     home = Channel.create(name, maxsize=2)
     rng = np.random.default_rng(1)

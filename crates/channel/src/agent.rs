@@ -9,15 +9,21 @@
 //! lane or leaks memory.
 //!
 //! With the `ucx` feature, a connection that says hello (`OP_UCX_HELLO`) gets
-//! its payloads moved by UCX instead: the agent registers each channel it
-//! opens for that connection with this process's UCX worker and tells the
-//! peer where each reserved or leased block lives (see `transport::ucx`).
+//! its payloads moved by UCX instead, through a helper process of its own
+//! (`transport::ucx_home`): the agent has the helper attach and register
+//! each channel the connection opens and tells the peer where each reserved
+//! or leased block lives in the helper's mapping. UCX aborts the process it
+//! runs in when a peer dies mid-transfer over tcp; in the helper, that ends
+//! only that connection. The helper command: [`set_ucx_home_helper`], or
+//! the environment variable [`UCX_HOME_HELPER_ENV`], which wins (the Python
+//! binding sets `python -m rlinf.core.ucx_home` by itself).
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -26,12 +32,50 @@ use crate::protocol::*;
 use crate::transport::tcp::{OP_READ, OP_WRITE};
 use crate::wire::{self, Reader, Writer};
 
+/// The environment variable naming the UCX home helper command: a program
+/// path, then arguments, separated by whitespace (e.g. the cargo binary
+/// `rlinf-ucx-home`). Wins over [`set_ucx_home_helper`].
+pub const UCX_HOME_HELPER_ENV: &str = "RLINF_UCX_HOME_HELPER";
+
+static UCX_HOME_HELPER: Mutex<Option<Vec<OsString>>> = Mutex::new(None);
+
+/// Sets this process's UCX home helper command (program, then arguments):
+/// a program that runs `transport::ucx_home::serve_stdio` (the cargo binary
+/// `rlinf-ucx-home`, or `python -m rlinf.core.ucx_home`).
+pub fn set_ucx_home_helper(command: Vec<OsString>) {
+    *UCX_HOME_HELPER
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(command);
+}
+
+/// The UCX home helper command, if one is configured.
+pub fn ucx_home_helper() -> Option<Vec<OsString>> {
+    if let Some(v) = std::env::var_os(UCX_HOME_HELPER_ENV) {
+        let cmd: Vec<OsString> = v
+            .to_string_lossy()
+            .split_whitespace()
+            .map(OsString::from)
+            .collect();
+        if !cmd.is_empty() {
+            return Some(cmd);
+        }
+    }
+    UCX_HOME_HELPER
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+/// Process ids of the UCX home helpers of live connections.
+type Helpers = Arc<Mutex<Vec<u32>>>;
+
 /// A running agent. Dropping it stops accepting; live connections end when
 /// their peers disconnect.
 pub struct Agent {
     address: String,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
+    helpers: Helpers,
 }
 
 impl Agent {
@@ -45,15 +89,18 @@ impl Agent {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
+        let helpers = Helpers::default();
+        let helpers2 = Arc::clone(&helpers);
         let accept = std::thread::Builder::new()
             .name("rlinf-agent".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Acquire) {
                     match listener.accept() {
                         Ok((stream, _)) => {
+                            let h = Arc::clone(&helpers2);
                             let _ = std::thread::Builder::new()
                                 .name("rlinf-agent-conn".into())
-                                .spawn(move || serve(stream));
+                                .spawn(move || serve(stream, h));
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(20));
@@ -66,7 +113,17 @@ impl Agent {
             address,
             stop,
             accept: Some(accept),
+            helpers,
         })
+    }
+
+    /// Process ids of the UCX home helpers of this agent's live UCX
+    /// connections (one each).
+    pub fn ucx_helper_pids(&self) -> Vec<u32> {
+        self.helpers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The `host:port` the agent listens on.
@@ -92,9 +149,13 @@ impl Drop for Agent {
 /// Per-connection state.
 #[derive(Default)]
 struct Session {
-    // First field: dropped (unregistered) before the channels it maps.
+    /// Taken by `end_session` before the rest drops.
     #[cfg(rlinf_ucx)]
     ucx: Option<UcxSession>,
+    /// A clone of the control stream (closed when the UCX helper dies).
+    #[cfg(rlinf_ucx)]
+    control: Option<TcpStream>,
+    helpers: Helpers,
     channels: Vec<Channel>,
     pending: HashMap<u64, PendingPut>,
     poisoned: HashMap<u64, String>,
@@ -115,12 +176,13 @@ impl Session {
     }
 }
 
-/// A connection's UCX state: the home worker and one registered region per
-/// opened channel (indexed like `Session::channels`).
+/// A connection's UCX state: its helper process, and per opened channel
+/// (indexed like `Session::channels`) the channel's mapping base here and in
+/// the helper.
 #[cfg(rlinf_ucx)]
 struct UcxSession {
-    home: Arc<crate::transport::ucx::Home>,
-    regions: Vec<crate::ucx_sys::MemRegion>,
+    helper: crate::transport::ucx_home::HomeHelper,
+    bases: Vec<(u64, u64)>,
 }
 
 impl Session {
@@ -133,16 +195,45 @@ impl Session {
         false
     }
 
-    /// Ends UCX use: unregisters the regions, then lets the progress thread
-    /// apply whatever the peer had already sent, so no late write lands in a
-    /// block after it is withdrawn (which happens when the session drops).
-    fn end_ucx(&mut self) {
+    /// The address, in the UCX helper's mapping, of `ptr` in channel
+    /// `handle`'s mapping here (`ptr` itself without UCX).
+    fn remote_address(&self, handle: u32, ptr: *const u8) -> u64 {
         #[cfg(rlinf_ucx)]
-        if let Some(u) = self.ucx.take() {
-            drop(u.regions);
-            u.home.quiesce();
+        if let Some((here, there)) = self.ucx.as_ref().and_then(|u| u.bases.get(handle as usize)) {
+            return ptr as u64 - here + there;
         }
+        let _ = handle;
+        ptr as u64
     }
+}
+
+/// Ends a connection. With UCX: the helper stops UCX first (drained, or
+/// killed), then the session drops (withdrawing unpublished puts, releasing
+/// leases, letting go of the channels), then the helper lets go of its
+/// mappings and exits, so that no late write lands in a withdrawn block and
+/// the last holder of a segment is the helper, even if this process dies.
+fn end_session(s: Session) {
+    #[cfg(rlinf_ucx)]
+    let (s, ucx) = {
+        let mut s = s;
+        let ucx = s.ucx.take().map(|mut u| {
+            u.helper.quiesce();
+            u
+        });
+        (s, ucx)
+    };
+    let helpers = Arc::clone(&s.helpers);
+    drop(s);
+    #[cfg(rlinf_ucx)]
+    if let Some(mut u) = ucx {
+        u.helper.end();
+        let pid = u.helper.pid();
+        helpers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&p| p != pid);
+    }
+    let _ = helpers;
 }
 
 #[cfg(rlinf_ucx)]
@@ -152,12 +243,36 @@ fn ucx_hello(s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             "UCX hello must be the first message of a connection".into(),
         ));
     }
-    let home = crate::transport::ucx::home()
+    let command = ucx_home_helper().ok_or_else(|| {
+        ChannelError::Invalid(format!(
+            "no UCX home helper is configured on the home node (set {UCX_HOME_HELPER_ENV} \
+             or call agent::set_ucx_home_helper)"
+        ))
+    })?;
+    let control = s.control.as_ref().and_then(|c| c.try_clone().ok());
+    let on_death = move |status: String| {
+        let peer = control
+            .as_ref()
+            .and_then(|c| c.peer_addr().ok())
+            .map_or_else(|| "?".to_owned(), |a| a.to_string());
+        eprintln!(
+            "rlinf channel agent: the UCX home helper of the connection from {peer} died \
+             ({status}); ending that connection"
+        );
+        if let Some(c) = control {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    };
+    let helper = crate::transport::ucx_home::HomeHelper::spawn(&command, on_death)
         .map_err(|e| ChannelError::Invalid(format!("UCX cannot start on the home node: {e}")))?;
-    let reply = Writer::new(OK).bytes(home.address()).finish();
+    let reply = Writer::new(OK).bytes(helper.address()).finish();
+    s.helpers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(helper.pid());
     s.ucx = Some(UcxSession {
-        home,
-        regions: Vec::new(),
+        helper,
+        bases: Vec::new(),
     });
     Ok(reply)
 }
@@ -169,30 +284,44 @@ fn ucx_hello(_: &mut Session) -> Result<Vec<u8>, ChannelError> {
     ))
 }
 
-/// Registers a newly opened channel's mapping; returns its packed key.
+/// Has the helper attach and register a newly opened channel; returns its
+/// packed key.
 #[cfg(rlinf_ucx)]
-fn ucx_register(s: &mut Session, ch: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
+fn ucx_register(
+    s: &mut Session,
+    ch: &Channel,
+    ns: &str,
+    name: &str,
+) -> Result<Option<Vec<u8>>, ChannelError> {
     let Some(u) = s.ucx.as_mut() else {
         return Ok(None);
     };
-    let (base, len) = ch.mapped_region();
-    // SAFETY: the region is dropped before the channel handle that keeps the
-    // mapping alive: `end_ucx` runs before the session's channels drop, and
-    // `ucx` is the session's first field.
-    let (region, key) = unsafe { u.home.register(base, len) }
+    let (base, key) = u
+        .helper
+        .attach(ns, name)
         .map_err(|e| ChannelError::Invalid(format!("cannot register the channel with UCX: {e}")))?;
-    u.regions.push(region);
+    u.bases.push((ch.mapped_region().0 as u64, base));
     Ok(Some(key))
 }
 
 #[cfg(not(rlinf_ucx))]
-fn ucx_register(_: &mut Session, _: &Channel) -> Result<Option<Vec<u8>>, ChannelError> {
+fn ucx_register(
+    _: &mut Session,
+    _: &Channel,
+    _: &str,
+    _: &str,
+) -> Result<Option<Vec<u8>>, ChannelError> {
     Ok(None)
 }
 
-fn serve(stream: TcpStream) {
+fn serve(stream: TcpStream, helpers: Helpers) {
     let _ = stream.set_nodelay(true);
-    let mut session = Session::default();
+    let mut session = Session {
+        helpers,
+        #[cfg(rlinf_ucx)]
+        control: stream.try_clone().ok(),
+        ..Session::default()
+    };
     let mut stream = stream;
     let mut frame = Vec::new();
     while wire::read_frame(&mut stream, &mut frame).is_ok() {
@@ -219,8 +348,7 @@ fn serve(stream: TcpStream) {
             break;
         }
     }
-    session.end_ucx();
-    // Dropping the session withdraws unpublished puts and releases leases.
+    end_session(session);
 }
 
 fn one_sided_write(stream: &mut TcpStream, frame: &[u8], s: &mut Session) -> io::Result<()> {
@@ -277,7 +405,7 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             } else {
                 Channel::attach(&ns, &name)?
             };
-            let key = ucx_register(s, &ch)?;
+            let key = ucx_register(s, &ch, &ns, &name)?;
             let mut reply = Writer::new(OK)
                 .u32(s.channels.len() as u32)
                 .u32(ch.lane_capacity())
@@ -294,14 +422,15 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             Writer::new(OK).u32(ch.lane(r.bytes()?)?).finish()
         }
         OP_RESERVE => {
-            let ch = s.channel(r.u32()?)?.clone();
+            let handle = r.u32()?;
+            let ch = s.channel(handle)?.clone();
             let (lane, total, weight) = (r.u32()?, r.u64()?, r.i64()?);
             let (timeout, nonblocking) = (timeout_from_ms(r.i64()?), r.u8()? != 0);
             let mut pending = ch.reserve_put(lane, total, weight, timeout, nonblocking)?;
             let token = s.token();
             let mut reply = Writer::new(OK).u64(token);
             if s.ucx() {
-                reply = reply.u64(pending.block_mut().as_mut_ptr() as u64);
+                reply = reply.u64(s.remote_address(handle, pending.block_mut().as_mut_ptr()));
             }
             s.pending.insert(token, pending);
             reply.finish()
@@ -319,7 +448,8 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             Writer::new(OK).finish()
         }
         OP_TAKE => {
-            let ch = s.channel(r.u32()?)?.clone();
+            let handle = r.u32()?;
+            let ch = s.channel(handle)?.clone();
             let (lane, target) = (r.u32()?, r.i64()?);
             let (timeout, nonblocking) = (timeout_from_ms(r.i64()?), r.u8()? != 0);
             let leases = if target == 0 {
@@ -328,7 +458,10 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
                 ch.get_batch(lane, target, timeout)?
             };
             let mut w = Writer::new(OK).u32(leases.len() as u32);
-            let addresses: Vec<u64> = leases.iter().map(|l| l.as_ptr() as u64).collect();
+            let addresses: Vec<u64> = leases
+                .iter()
+                .map(|l| s.remote_address(handle, l.as_ptr()))
+                .collect();
             for lease in leases {
                 let token = s.token();
                 w = w.u64(token).u64(lease.len() as u64);

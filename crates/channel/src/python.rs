@@ -630,7 +630,21 @@ impl ChannelAgent {
     /// `"0.0.0.0:PORT"` to serve other hosts).
     #[new]
     #[pyo3(signature = (bind="127.0.0.1:0"))]
-    fn new(bind: &str) -> PyResult<Self> {
+    fn new(py: Python<'_>, bind: &str) -> PyResult<Self> {
+        if crate::agent::ucx_home_helper().is_none() {
+            // UCX connections get a helper process each: this interpreter
+            // running `rlinf.core.ucx_home` (no configuration needed). An
+            // embedded interpreter without `sys.executable` gets none (a UCX
+            // hello then fails with a clear error; TCP works).
+            let exe: Option<String> = py.import("sys")?.getattr("executable")?.extract().ok();
+            if let Some(exe) = exe.filter(|e| !e.is_empty()) {
+                crate::agent::set_ucx_home_helper(vec![
+                    exe.into(),
+                    "-m".into(),
+                    "rlinf.core.ucx_home".into(),
+                ]);
+            }
+        }
         let agent = Agent::start(bind).map_err(|e| {
             PyOSError::new_err(format!("cannot start the channel agent on {bind}: {e}"))
         })?;
@@ -729,6 +743,21 @@ fn ucx_unavailable_reason(py: Python<'_>) -> Option<String> {
     py.detach(crate::transport::ucx_unavailable)
 }
 
+/// Runs the UCX home helper of one channel-agent connection on this
+/// process's stdin/stdout until stdin ends; returns the exit code. Started
+/// by the agent as `python -m rlinf.core.ucx_home`, not called by users.
+#[pyfunction]
+fn ucx_home_main(py: Python<'_>) -> i32 {
+    #[cfg(rlinf_ucx)]
+    return py.detach(crate::transport::ucx_home::serve_stdio);
+    #[cfg(not(rlinf_ucx))]
+    {
+        let _ = py;
+        eprintln!("rlinf.core.ucx_home: this build has no UCX support");
+        1
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -740,6 +769,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_owned_names, m)?)?;
     m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(ucx_home_main, m)?)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add("UCX_COMPILED", crate::transport::UCX_COMPILED)?;
     m.add_class::<ChannelCore>()?;

@@ -30,6 +30,8 @@ use std::time::Duration;
 pub mod tcp;
 #[cfg(rlinf_ucx)]
 pub mod ucx;
+#[cfg(rlinf_ucx)]
+pub mod ucx_home;
 
 /// Remote memory: a registered region (for the channel agent, one block held
 /// by this connection, named by its token), an offset and a length.

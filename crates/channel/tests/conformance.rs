@@ -128,6 +128,9 @@ fn setup(kind: &str, opts: ChannelOptions) -> (Channel, Arc<dyn Handle>, Option<
         }
         #[cfg(rlinf_ucx)]
         ucx if ucx.starts_with("ucx-") => {
+            rlinf_channel::agent::set_ucx_home_helper(vec![
+                env!("CARGO_BIN_EXE_rlinf-ucx-home").into(),
+            ]);
             let agent = Agent::start("127.0.0.1:0").unwrap();
             let transport = rlinf_channel::UcxTransport::with_tls(&ucx["ucx-".len()..]);
             let remote =

@@ -96,6 +96,9 @@ fn child_entry() {
     let var = |k: &str| std::env::var(k).unwrap();
     match role.as_str() {
         "agent" => {
+            rlinf_channel::agent::set_ucx_home_helper(vec![
+                env!("CARGO_BIN_EXE_rlinf-ucx-home").into(),
+            ]);
             let agent = Agent::start("10.213.0.1:0").unwrap();
             let flag = var("RLINF_TEST_FLAG");
             std::fs::write(format!("{flag}.tmp"), agent.address()).unwrap();

@@ -17,28 +17,33 @@
 //! without it UCX picks `tcp` or, on one host, shared memory (`sm`, `posix`,
 //! `cma`), which also lets CI test the path for real.
 //!
-//! Cost: the home process runs one UCX worker with a progress thread
+//! Cost: on the home node each UCX connection has a helper process
+//! ([`super::ucx_home`]) running one UCX worker with a progress thread
 //! ([`home`]): UCX's emulated transports (tcp, and sm with memory UCX did not
-//! allocate) complete one-sided operations only while the target progresses.
-//! It sleeps on the worker's event fd when idle. Each connection registers
-//! the mapping of each channel it opens once (`ucp_mem_map`, no pinning on
-//! tcp/sm; pinned pages on RDMA), so a channel costs one registration per
-//! connected peer connection, not one per block.
+//! allocate) complete one-sided operations only while the target
+//! progresses. It sleeps on the worker's event fd when idle. The helper
+//! registers the mapping of each channel the connection opens once
+//! (`ucp_mem_map`, no pinning on tcp/sm; pinned pages on RDMA), so a channel
+//! costs one registration per connected peer connection, not one per block.
+//! The helper exists because UCX aborts the process serving a connection
+//! when the peer dies mid-transfer over tcp; see [`super::ucx_home`].
 //!
 //! Trust and withdrawal: a peer holding a channel's key can write anywhere in
 //! that channel's mapping on the home node, as with any RDMA registration;
-//! peers are processes of the same job. When a connection ends, the agent
+//! peers are processes of the same job. When a connection ends, the helper
 //! unregisters its regions, lets the progress thread drain what that peer
-//! had already sent ([`Home::quiesce`]), and only then withdraws the
-//! connection's unpublished reservations and releases its leases, as the TCP
-//! path does. On emulated transports UCX does not check keys, so a peer that
-//! is alive but has dropped its control connection could still write after
-//! that; a killed peer cannot (its sockets are closed and drained).
+//! had already sent ([`Home::quiesce`]) and stops progressing
+//! ([`Home::pause`]), and only then the agent withdraws the connection's
+//! unpublished reservations and releases its leases, as the TCP path does;
+//! if the helper died instead, nothing writes through it any more. Over
+//! shared-memory transports (`sm`: cma, posix) a peer that is alive but has
+//! dropped its control connection could still write after that; a killed
+//! peer cannot.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -445,12 +450,13 @@ impl Endpoint for UcxEndpoint {
 /// ~4 GB/s to ~0.1-0.3 GB/s in some runs when the loop slept at once).
 const POLL_AFTER_ACTIVITY: Duration = Duration::from_micros(200);
 
-/// The home side: this process's UCX worker serving agents, with its
-/// progress thread. One per process, started by the first UCX hello.
+/// The home side: this process's UCX worker serving peers, with its
+/// progress thread. One per UCX home helper process ([`super::ucx_home`]).
 pub struct Home {
     worker: Arc<Worker>,
     address: Vec<u8>,
     rounds: AtomicU64,
+    paused: AtomicBool,
 }
 
 static HOME: OnceLock<Result<Arc<Home>, String>> = OnceLock::new();
@@ -469,6 +475,7 @@ pub fn home() -> io::Result<Arc<Home>> {
                 worker,
                 address,
                 rounds: AtomicU64::new(0),
+                paused: AtomicBool::new(false),
             });
             let h = Arc::clone(&home);
             std::thread::Builder::new()
@@ -476,6 +483,10 @@ pub fn home() -> io::Result<Arc<Home>> {
                 .spawn(move || {
                     let mut active = Instant::now();
                     loop {
+                        if h.paused.load(Ordering::Acquire) {
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
                         while h.worker.progress() {
                             active = Instant::now();
                         }
@@ -524,5 +535,12 @@ impl Home {
             self.worker.signal();
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Stops progressing the worker for good (after [`Self::quiesce`]): over
+    /// emulated transports no peer's put or get completes after this.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        self.worker.signal();
     }
 }

@@ -21,6 +21,7 @@ __all__ = [
     "release_all_names",
     "release_owned_names",
     "segment_name",
+    "ucx_home_main",
     "ucx_unavailable_reason",
     "version",
     "wait_stats",
@@ -144,6 +145,9 @@ def release_owned_names(namespace: str | None = None) -> int:
 
 def wait_stats() -> dict[str, int]:
     """Counters of this process's channel waits: spin hits/misses, skips, sleeps."""
+
+def ucx_home_main() -> int:
+    """Runs the UCX home helper of one agent connection on stdin/stdout; returns the exit code."""
 
 def ucx_unavailable_reason() -> str | None:
     """Why UCX cannot be used here (no UCX in this build, or libucp.so.0 missing), else None."""
