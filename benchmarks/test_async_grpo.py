@@ -62,7 +62,7 @@ from typing import Any
 
 import pytest
 import ray
-from toy_grpo_runs import curve, launch_modes, shutdown, time_to_gain, toy_config
+from toy_grpo_runs import describe, launch_modes, shutdown, time_to_gain, toy_config
 
 from rlinf.sched import Cluster
 
@@ -103,12 +103,8 @@ def test_async_vs_sync_grpo_time_to_accuracy(
     print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
     for mode, mode_runs in runs.items():
         for seed, r in zip(DATA_SEEDS, mode_runs, strict=True):
-            print(
-                f"{mode} (data.seed {seed}): reached in {r['seconds']} s after {r['steps']} "
-                f"steps (training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
-                f"staleness max {r['staleness_max']:.0f}, dropped groups {r['dropped']:.0f}); "
-                f"evals (step, acc, s): {curve(r)}"
-            )
+            extra = f"staleness max {r['staleness_max']:.0f}, dropped groups {r['dropped']:.0f}"
+            print(describe(f"{mode} (data.seed {seed})", r, extra))
     assert all(r["staleness_max"] <= K for r in runs["async"])
     missed = [
         (mode, seed)

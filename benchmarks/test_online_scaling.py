@@ -79,7 +79,7 @@ import torch
 from toy_grpo_runs import (
     TASK,
     WARMUP,
-    curve,
+    describe,
     launch_modes,
     shutdown,
     time_to_gain,
@@ -127,12 +127,8 @@ def test_online_scaling_vs_static_time_to_accuracy(
     print(f"\ninitial held-out accuracy {task.accuracy:.3f}, goal {goal:.3f}")
     for mode, mode_runs in runs.items():
         for seed, r in zip(DATA_SEEDS, mode_runs, strict=True):
-            print(
-                f"{mode} (data.seed {seed}): reached in {r['seconds']} s after {r['steps']} "
-                f"steps (training {r['train_seconds']:.1f} s, median step {r['step_time']:.3f} s, "
-                f"median stages { ({k: round(v, 3) for k, v in r['stages'].items()}) }); evals "
-                f"(step, acc, s): {curve(r)}"
-            )
+            stages = {k: round(v, 3) for k, v in r["stages"].items()}
+            print(describe(f"{mode} (data.seed {seed})", r, f"median stages {stages}"))
     scale_s = [s for r in runs["scaled"] for s in r["scale_s"]]
     print(f"scale up+down seconds per step: {[round(s, 3) for s in scale_s]}")
     missed = [

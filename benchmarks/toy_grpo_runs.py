@@ -126,6 +126,12 @@ def time_to_gain(
     }
 
 
-def curve(result: dict[str, Any]) -> list[tuple[int, float, float]]:
-    """A run's evals (step, accuracy, seconds), rounded for printing."""
-    return [(s, round(a, 3), round(t, 1)) for s, a, t in result["evals"]]
+def describe(label: str, result: dict[str, Any], extra: str) -> str:
+    """One printed line of a :func:`time_to_gain` run: when it reached the goal, its
+    training and median step time, ``extra``, and its evals (step, accuracy, seconds)."""
+    evals = [(s, round(a, 3), round(t, 1)) for s, a, t in result["evals"]]
+    return (
+        f"{label}: reached in {result['seconds']} s after {result['steps']} steps "
+        f"(training {result['train_seconds']:.1f} s, median step "
+        f"{result['step_time']:.3f} s, {extra}); evals (step, acc, s): {evals}"
+    )

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use rlinf_channel::agent::{UCX_HOME_HELPER_ENV, set_ucx_home_helper};
+use rlinf_channel::channel::parse_message;
 use rlinf_channel::{Agent, Channel, ChannelOptions, RemoteChannel, TcpTransport, UcxTransport};
 
 #[test]
@@ -46,9 +47,13 @@ fn a_bad_helper_fails_the_ucx_connection_clearly() {
     let remote = ucx().unwrap();
     assert_eq!(remote.transport(), "ucx");
     let lane = remote.lane(b"k").unwrap();
-    remote
-        .put(lane, b"h", &[&[1u8; 4096]], 0, None, false)
-        .unwrap();
-    drop(home.get(lane, None, false).unwrap());
+    let payload = [1u8; 4096];
+    remote.put(lane, b"h", &[&payload], 0, None, false).unwrap();
+    // The bytes went through the helper's mapping into the home's segment.
+    let lease = home.get(lane, None, false).unwrap();
+    let m = parse_message(lease.bytes()).unwrap();
+    let body = &lease.bytes()[m.buffers[0].0..m.buffers[0].0 + m.buffers[0].1];
+    assert!(body == payload.as_slice());
+    drop(lease);
     assert_eq!(agent.ucx_helper_pids().len(), 1);
 }
