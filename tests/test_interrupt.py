@@ -41,6 +41,19 @@ def _session_processes(sid: int) -> list[psutil.Process]:
     return out
 
 
+def _alive(pids: list[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` that still run (not exited, not zombies)."""
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
+
+
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -98,11 +111,17 @@ def interrupt_after_checkpoint(cmd: list[str], checkpoint: Path, tmp_path: Path)
     assert (newest / "COMPLETE").is_file()
     # Nothing left: no process of the run's session, no segment of its namespace.
     # (The bound only has to outlast Ray's own teardown on a busy machine.)
+    # A started process that left the session counts too; one that exited and waits to
+    # be reaped by init (a zombie) does not: it holds nothing but its pid.
     deadline = time.monotonic() + 120
-    while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
+    escaped: list[psutil.Process] = []
+    while (
+        (left := _session_processes(proc.pid))
+        or (escaped := [p for p in _alive(started) if p.pid != proc.pid])
+    ) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, [p.cmdline()[:3] for p in left]
-    assert not any(psutil.pid_exists(pid) for pid in started if pid != proc.pid)
+    assert not escaped, [(p.pid, p.status(), p.cmdline()[:3]) for p in escaped]
     assert not sorted(SHM.glob(f"rlinf.{namespace}.*"))
     return text
 
