@@ -25,7 +25,7 @@ from rlinf.reasoning.engines import HFEngine, SamplingParams
 from rlinf.reasoning.toy_task import ToyTaskConfig, build_tokenizer, make_toy_task
 from rlinf.reasoning.workers import FSDPActor, pack_samples
 from rlinf.reasoning.workers.actor import _has_dropout
-from rlinf.reasoning.workers.batch import response_logprobs
+from rlinf.reasoning.workers.batch import group_key, response_logprobs
 
 PROMPTS = ["12+7=", "3-28=", "1+1=", "29-29=", "7+15="]
 
@@ -386,12 +386,17 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
     an older message it must skip), the actor recomputes nothing beyond the
     fused first minibatch, and its update (plain SGD) equals the one of its own
     recomputation; a group the rollout did not score is recomputed locally.
+
+    Two of the groups share a prompt index (prefetch across an epoch boundary
+    or a regenerated stale group): each still gets its own scores.
     """
     groups = _groups(toy, 1.0)[:4]
+    assert groups[0].response_ids != groups[1].response_ids
+    groups[1].index = groups[0].index
     engine = HFEngine(toy / "warmstart", dtype="float32", device="cpu")
     pairs = [(g.prompt_ids, ids) for g in groups for ids in g.response_ids]
     flat = response_logprobs(engine.model, pairs, engine.pad_token_id, 1.0, 5)
-    scores = {g.index: flat[4 * k : 4 * k + 4] for k, g in enumerate(groups)}
+    scores = {group_key(g): flat[4 * k : 4 * k + 4] for k, g in enumerate(groups)}
 
     def run(proximal: Any) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
         cfg = _cfg(toy, n_minibatches=2, max_staleness=1, shuffle_rollout=shuffle)
@@ -414,7 +419,7 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
     assert max(float((own_w[k] - rollout_w[k]).abs().max()) for k in own_w) < 1e-5
     for key in ("actor/policy_loss", "actor/ratio"):
         assert own_m[key] == pytest.approx(rollout_m[key], abs=1e-5), key
-    missing = {i: v for i, v in scores.items() if i != groups[-1].index}
+    missing = {key: v for key, v in scores.items() if key != group_key(groups[-1])}
     _, _, partial_n = run(_KeyedChannel([("0", {"version": 1, "groups": missing})]))
     assert 0 < partial_n < own_n  # the unscored group's samples outside minibatch 0
 

@@ -116,7 +116,7 @@ from rlinf.reasoning.models import (
     load_causal_lm,
     resolve_dtype,
 )
-from rlinf.reasoning.workers.batch import Sample, pack_samples, pad_rows
+from rlinf.reasoning.workers.batch import Sample, group_key, pack_samples, pad_rows
 from rlinf.reasoning.workers.common import setup_torch_threads
 from rlinf.sched import Worker
 
@@ -737,7 +737,7 @@ class FSDPActor(Worker):
                 samples.extend(fresh)
                 busy["prepare"] += time.perf_counter() - t1
 
-        scored: dict[int, list[torch.Tensor]] | None = None  # the rollout's, by group index
+        scored: dict[tuple[int, int], list[torch.Tensor]] | None = None  # by group_key
 
         def from_rollout(position: int) -> torch.Tensor | None:
             # The rollout's proximal logprobs of a previous-version sample, if it sent them.
@@ -749,7 +749,7 @@ class FSDPActor(Worker):
                 t0 = time.perf_counter()
                 scored = self._proximal_scores(proximal, step, timeout)
                 busy["wait_proximal"] += time.perf_counter() - t0
-            group = scored.get(result.index)
+            group = scored.get(group_key(result))
             return None if group is None else group[position % g]
 
         def logprobs_upto(n: int) -> None:
@@ -875,7 +875,7 @@ class FSDPActor(Worker):
 
     def _proximal_scores(
         self, channel: Channel, step: int, timeout: float
-    ) -> dict[int, list[torch.Tensor]]:
+    ) -> dict[tuple[int, int], list[torch.Tensor]]:
         """The rollout's proximal logprobs for weights ``step`` (older messages are skipped)."""
         while True:
             message: dict[str, Any] = channel.get(key=str(self.rank), timeout=timeout)
@@ -885,7 +885,7 @@ class FSDPActor(Worker):
                         f"proximal logprobs of version {message['version']} reached the actor "
                         f"at step {step}; the rollout loads weights only after their step"
                     )
-                groups: dict[int, list[torch.Tensor]] = message["groups"]
+                groups: dict[tuple[int, int], list[torch.Tensor]] = message["groups"]
                 return groups
 
     def _too_stale(

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PackedBatch", "Sample", "pack_samples", "pad_rows", "response_logprobs"]
+from rlinf.core.protocols.reasoning import RolloutResult
+
+__all__ = [
+    "PackedBatch",
+    "Sample",
+    "group_key",
+    "pack_samples",
+    "pad_rows",
+    "response_logprobs",
+]
 
 
 @dataclass
@@ -105,6 +114,19 @@ def pack_samples(
             ids[row, p : p + len(resp)] = torch.as_tensor(list(resp), dtype=torch.long)
             rmask[row, : len(resp)] = True
     return PackedBatch(ids, mask, rmask, p)
+
+
+def group_key(result: RolloutResult) -> tuple[int, int]:
+    """Names one generated group by its content: ``(dataset index, hash of its token ids)``.
+
+    The dataset index alone does not: with prefetch across an epoch boundary, or
+    a stale group generated again, one prompt has several groups of one weight
+    version in flight. Groups with equal keys have the same prompt and
+    responses, so the same logprobs under the same weights. (Hashes of int
+    tuples do not depend on ``PYTHONHASHSEED``: every process computes the same.)
+    """
+    tokens = (tuple(result.prompt_ids), tuple(tuple(ids) for ids in result.response_ids))
+    return result.index, hash(tokens)
 
 
 def pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:

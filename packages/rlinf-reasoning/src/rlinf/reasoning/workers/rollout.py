@@ -36,7 +36,7 @@ from rlinf.core.weight_sync import WeightBucket, check_complete, receive_weights
 from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
 from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
 from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
-from rlinf.reasoning.workers.batch import response_logprobs
+from rlinf.reasoning.workers.batch import group_key, response_logprobs
 from rlinf.reasoning.workers.common import (
     load_tokenizer,
     setup_torch_threads,
@@ -138,7 +138,7 @@ class RolloutWorker(Worker):
         Async mode, when :meth:`generate_stream` got a ``proximal`` channel:
         right after the load (before generation goes on) it scores the stream's
         groups of the previous version under the new weights and puts
-        ``{"version", "groups": {index: logprobs}}`` there once per actor rank
+        ``{"version", "groups": {group_key: logprobs}}`` there once per actor rank
         (key: the rank), so the actor takes its proximal logprobs from there
         instead of recomputing them.
 
@@ -232,7 +232,7 @@ class RolloutWorker(Worker):
         groups = [r for r in self._unscored if r.version == version - 1]
         self._unscored = []
         model = getattr(self._engine(), "model", None)
-        scores: dict[int, list[Any]] = {}
+        scores: dict[tuple[int, int], list[Any]] = {}
         if model is not None and groups:
             pairs = [(r.prompt_ids, ids) for r in groups for ids in r.response_ids]
             pad = int(getattr(self._engine(), "pad_token_id", 0) or 0)
@@ -240,7 +240,7 @@ class RolloutWorker(Worker):
             micro = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
             flat = response_logprobs(model, pairs, pad, temperature, micro)
             for k, r in enumerate(groups):
-                scores[r.index] = flat[k * r.group_size : (k + 1) * r.group_size]
+                scores[group_key(r)] = flat[k * r.group_size : (k + 1) * r.group_size]
         message = {"version": version, "groups": scores}
         for rank in range(actor_world_size):
             channel.put(message, key=str(rank), timeout=self.cfg.runner.channel_timeout_s)
