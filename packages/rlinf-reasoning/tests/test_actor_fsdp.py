@@ -7,6 +7,7 @@ lookup is stubbed out so no Ray instance starts.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 import socket
@@ -374,6 +375,11 @@ class _KeyedChannel:
         i = next(i for i, (k, _) in enumerate(self.items) if k == key)
         return self.items.pop(i)[1]
 
+    def get_nowait(self, key: str = "") -> Any:
+        if all(k != key for k, _ in self.items):
+            raise asyncio.QueueEmpty
+        return self.get(key)
+
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["stream", "shuffle"])
 def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
@@ -383,9 +389,10 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
     model, the actor's weights) stand in for the actor's no-grad recompute.
 
     The groups are one version old at step 1. Given the rollout's scores (after
-    an older message it must skip), the actor recomputes nothing beyond the
-    fused first minibatch, and its update (plain SGD) equals the one of its own
-    recomputation; a group the rollout did not score is recomputed locally.
+    an older message it must skip; two rollout ranks send one message each),
+    the actor recomputes nothing beyond the fused first minibatch, and its update
+    (plain SGD) equals the one of its own recomputation; a group the rollout did
+    not score is recomputed locally.
 
     Two of the groups share a prompt index (prefetch across an epoch boundary
     or a regenerated stale group): each still gets its own scores.
@@ -410,8 +417,11 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
 
     own_w, own_m, own_n = run(None)
     older = {"version": 0, "groups": {}}
+    # Two rollout ranks, each with the scores of its own groups.
+    keys = list(scores)
+    ranks = [{"version": 1, "groups": {k: scores[k] for k in keys[r::2]}} for r in range(2)]
     rollout_w, rollout_m, rollout_n = run(
-        _KeyedChannel([("0", older), ("0", {"version": 1, "groups": scores})])
+        _KeyedChannel([("0", older), ("0", ranks[0]), ("0", ranks[1])])
     )
     assert (own_n, rollout_n) == (8, 0)  # minibatch 0 is fused; the rest came from the rollout
     assert own_m["actor/proximal_from_rollout"] == 0.0

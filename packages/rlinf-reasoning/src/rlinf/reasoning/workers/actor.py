@@ -63,6 +63,7 @@ first update).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -876,17 +877,35 @@ class FSDPActor(Worker):
     def _proximal_scores(
         self, channel: Channel, step: int, timeout: float
     ) -> dict[tuple[int, int], list[torch.Tensor]]:
-        """The rollout's proximal logprobs for weights ``step`` (older messages are skipped)."""
+        """The rollout's proximal logprobs for weights ``step`` (older messages are skipped).
+
+        Waits for the first message of version ``step``, then merges those of the
+        other rollout ranks that are already there (each rank sends its own
+        groups' scores). A rank's message that comes later is skipped at the next
+        step: its groups get the actor's own recomputation.
+        """
+        key = str(self.rank)
+
+        def version_of(message: dict[str, Any]) -> int:
+            version = int(message["version"])
+            if version > step:
+                raise RuntimeError(
+                    f"proximal logprobs of version {version} reached the actor at step "
+                    f"{step}; the rollout loads weights only after their step"
+                )
+            return version
+
+        message: dict[str, Any] = channel.get(key=key, timeout=timeout)
+        while version_of(message) < step:
+            message = channel.get(key=key, timeout=timeout)
+        groups: dict[tuple[int, int], list[torch.Tensor]] = dict(message["groups"])
         while True:
-            message: dict[str, Any] = channel.get(key=str(self.rank), timeout=timeout)
-            if message["version"] >= step:
-                if message["version"] > step:
-                    raise RuntimeError(
-                        f"proximal logprobs of version {message['version']} reached the actor "
-                        f"at step {step}; the rollout loads weights only after their step"
-                    )
-                groups: dict[tuple[int, int], list[torch.Tensor]] = message["groups"]
+            try:
+                message = channel.get_nowait(key=key)
+            except asyncio.QueueEmpty:
                 return groups
+            if version_of(message) == step:
+                groups.update(message["groups"])
 
     def _too_stale(
         self, item: RolloutResult, version: int, requeue: Channel | None, timeout: float
