@@ -13,6 +13,10 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   rollout on slot 1, 50 env steps per rollout) against the bare ManiSkill
   env stepped with random actions in this process (50 steps per round). The
   two alternate block by block (``interleave``).
+- ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
+  the same with ``rollout.in_env_process`` (the env rank runs the policy
+  itself: no hand-offs, but the policy's work is on the env's thread), and its
+  time beyond ``chunk_step`` (info).
 - the profile (info rows, no targets), the parts of one chunk step measured
   in this process on one thread, each against the bare simulator step
   (median microseconds): our env wrapper's ``chunk_step`` (simulator
@@ -61,7 +65,7 @@ PLACEMENT = {"actor": 0, "env": 0, "rollout": 1}
 CONTROL = {"control_mode": "pd_joint_delta_pos"}
 
 
-def rollout_config(log_path: Path) -> EmbodiedConfig:
+def rollout_config(log_path: Path, in_env_process: bool = False) -> EmbodiedConfig:
     data = compose_config(
         "maniskill_pickcube_ppo_mlp",
         CONFIG_DIR,
@@ -78,6 +82,7 @@ def rollout_config(log_path: Path) -> EmbodiedConfig:
     data["cluster"]["component_placement"] = PLACEMENT
     data["runner"]["logger"]["log_path"] = str(log_path)
     data["env"]["eval"] = None
+    data["rollout"]["in_env_process"] = in_env_process
     return validate_config(data, EmbodiedConfig)
 
 
@@ -148,16 +153,19 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
         ray.shutdown()
 
 
-def test_rollout_vs_bare_simulator(
+def _rollout_vs_bare(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
-    record_ratio: Callable[..., object],
-) -> None:
+    in_env_process: bool,
+) -> tuple[float, float, list[float]]:
+    """Env steps/s of the rollout and of the bare simulator (interleaved), and the
+    rollout's time beyond the env's chunk_step per env step (us)."""
     (actor, rollout, env), log_path = groups
     sim = bare_env()
     steps: list[int] = []
     beyond_env_us: list[float] = []  # rollout wall time minus the env's chunk_step time
-    with EmbodiedRunner(rollout_config(log_path), actor, rollout, env) as runner:
+    cfg = rollout_config(log_path, in_env_process)
+    with EmbodiedRunner(cfg, actor, None if in_env_process else rollout, env) as runner:
         runner.init_workers()
         runner.update_rollout_weights()
         runner.generate_rollouts()  # warm-up: first reset and inference
@@ -180,10 +188,23 @@ def test_rollout_vs_bare_simulator(
     sim.close()
     done = np.diff(steps)  # rollout/env_steps counts the run's env steps so far
     assert done.size and bool((done == STEPS).all()), steps  # 1 env, auto-reset: all steps live
-    record_ratio(
-        "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
+    return (
         STEPS / stats["rollout"].median,
         STEPS / stats["bare simulator"].median,
+        beyond_env_us,
+    )
+
+
+def test_rollout_vs_bare_simulator(
+    groups: tuple[list[WorkerGroup], Path],
+    interleave: Callable[..., dict[str, Any]],
+    record_ratio: Callable[..., object],
+) -> None:
+    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, False)
+    record_ratio(
+        "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
+        rollout_rate,
+        sim_rate,
         unit="env steps/s",
         baseline_name="bare sim",
         target=0.8,
@@ -192,7 +213,35 @@ def test_rollout_vs_bare_simulator(
     record_ratio(
         "hot path: rollout time beyond the env's chunk_step, per env step",
         statistics.median(beyond_env_us),
-        stats["bare simulator"].median / STEPS * 1e6,
+        1e6 / sim_rate,
+        unit="us",
+        baseline_name="sim step",
+        target=None,
+        floor=None,
+        higher_is_better=False,
+    )
+
+
+def test_rollout_in_env_process_vs_bare_simulator(
+    groups: tuple[list[WorkerGroup], Path],
+    interleave: Callable[..., dict[str, Any]],
+    record_ratio: Callable[..., object],
+) -> None:
+    """The same rollout with ``rollout.in_env_process``: the env rank runs the policy itself."""
+    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, True)
+    record_ratio(
+        "hot path: rollout in the env process vs bare simulator, 1 PickCube-v1 state env + MLP",
+        rollout_rate,
+        sim_rate,
+        unit="env steps/s",
+        baseline_name="bare sim",
+        target=0.8,
+        floor=0.2,
+    )
+    record_ratio(
+        "hot path: in the env process, rollout time beyond chunk_step, per env step",
+        statistics.median(beyond_env_us),
+        1e6 / sim_rate,
         unit="us",
         baseline_name="sim step",
         target=None,

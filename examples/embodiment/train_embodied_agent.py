@@ -84,20 +84,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cannot place the run on this cluster: {exc}", file=sys.stderr)
             return 2
         # The three groups start at once; if one fails, none is left running.
-        launched = launch_groups(
-            cluster,
-            {
-                "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
-                "RolloutGroup": (
-                    MultiStepRolloutWorker.create_group(cfg),
-                    placement.get_strategy("rollout"),
-                ),
-                "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
-            },
-        )
+        to_launch = {
+            "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
+            "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
+        }
+        if not cfg.rollout.in_env_process:  # else the env workers run the policy
+            to_launch["RolloutGroup"] = (
+                MultiStepRolloutWorker.create_group(cfg),
+                placement.get_strategy("rollout"),
+            )
+        launched = launch_groups(cluster, to_launch)
         groups = list(launched.values())
         startup.mark("groups")
-        actor, rollout, env = groups
+        actor, env = launched["ActorGroup"], launched["EnvGroup"]
+        rollout = launched.get("RolloutGroup")
 
         runner = runner_cls(cfg=cfg, actor=actor, rollout=rollout, env=env)
         print(

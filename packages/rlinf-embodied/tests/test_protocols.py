@@ -7,6 +7,7 @@ import pytest
 from rlinf.core.protocols import (
     EmbodiedActorWorker,
     EmbodiedEnvWorker,
+    EmbodiedPolicyEnvWorker,
     EmbodiedRolloutWorker,
     Runner,
     check_implements,
@@ -19,6 +20,7 @@ from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRollou
     ("cls", "protocol"),
     [
         (EnvWorker, EmbodiedEnvWorker),
+        (EnvWorker, EmbodiedPolicyEnvWorker),
         (MultiStepRolloutWorker, EmbodiedRolloutWorker),
         (EmbodiedFSDPActor, EmbodiedActorWorker),
     ],

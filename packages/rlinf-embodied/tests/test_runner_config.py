@@ -108,6 +108,27 @@ def test_placement_must_place_the_three_components() -> None:
     assert "critic" in issues[0][1]
 
 
+@pytest.mark.parametrize(
+    ("edits", "words"),
+    [
+        ({"runner.mode": "async"}, ["runner.mode='async'", "rollout.in_env_process: false"]),
+        ({"runner.online_scaling": True}, ["runner.online_scaling=True"]),
+    ],
+)
+def test_policy_in_the_env_process_needs_the_sync_runner(
+    edits: dict[str, Any], words: list[str]
+) -> None:
+    data = edit("rollout.in_env_process", True)
+    for path, value in edits.items():
+        section, key = path.split(".")
+        data[section][key] = value
+    assert validate_config(edit("rollout.in_env_process", True), EmbodiedConfig)
+    issues = errors_of(data)
+    message = next(m for p, m in issues if "rollout.in_env_process" in m)
+    for word in words:
+        assert word in message, (word, message)
+
+
 def test_world_size_rules_name_the_key() -> None:
     cfg = validate_config(base(), EmbodiedConfig)
     cfg.check_world_sizes(actor=2, env=1, rollout=1, max_episode_steps=500)

@@ -305,6 +305,52 @@ def test_merged_stages_evaluate_like_pipelined_ones(
     assert merged == pipelined
 
 
+def test_policy_in_the_env_process_runs_the_same_steps(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """``rollout.in_env_process``: no rollout group; the env rank acts with the synced
+    weights and the same sampling seeds, so two training steps and an eval (both
+    stages pipelined) give exactly the metrics of the run with the rollout group."""
+    actor, rollout, env = hybrid
+    common = [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"]
+    common.append("rollout.adaptive_stages=false")  # no timing-based choice
+    runs = {}
+    for name, in_env in (("separate", False), ("in_env", True)):
+        cfg = make_config(
+            tmp_path, name, [*common, f"rollout.in_env_process={in_env}"], placement=HYBRID
+        )
+        with EmbodiedRunner(cfg, actor, None if in_env else rollout, env) as runner:
+            runner.init_workers()
+            assert runner.policy_group is (env if in_env else rollout)
+            metrics = runner.run()
+            runs[name] = runner.tensorboard_dir
+        if in_env:  # the env rank timed its own policy calls
+            assert metrics["time/policy_calls"] > 0
+            assert not any(k.startswith("time/rollout/") for k in metrics)
+    want, got = all_scalars(runs["separate"], 2), all_scalars(runs["in_env"], 2)
+    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
+    assert {"train/actor/policy_loss", "env/return", "eval/return"} <= set(keys)
+    mismatched = {k: (want[k], got.get(k)) for k in keys if want[k] != got.get(k)}
+    assert not mismatched, mismatched
+
+
+def test_runner_refuses_a_rollout_group_that_does_not_fit_in_env_process(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    actor, rollout, env = hybrid
+    in_env = make_config(tmp_path, "refuse", ["rollout.in_env_process=true"], placement=HYBRID)
+    with pytest.raises(ValueError, match=r"rollout group \(hybrid-rollout\) was given"):
+        EmbodiedRunner(in_env, actor, rollout, env)
+    separate = make_config(tmp_path, "refuse2", placement=HYBRID)
+    with pytest.raises(ValueError, match=r"rollout=None needs rollout.in_env_process: true"):
+        EmbodiedRunner(separate, actor, None, env)
+    with (
+        EmbodiedRunner(in_env, actor, None, env) as runner,
+        pytest.raises(RuntimeError, match="has no rollout group"),
+    ):
+        _ = runner.rollout
+
+
 def test_at_learning_rate_zero_every_ratio_is_one(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:

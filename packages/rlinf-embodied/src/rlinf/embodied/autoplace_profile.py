@@ -167,8 +167,17 @@ def launch_embodied_groups(
 
     Returns:
         ``[actor, rollout, env]``.
+
+    Raises:
+        ValueError: ``rollout.in_env_process`` (there is no rollout group to place).
     """
     from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+
+    if cfg.rollout.in_env_process:
+        raise ValueError(
+            "rollout.in_env_process=true has no rollout group, and auto-place and online "
+            "scaling place one; set rollout.in_env_process: false"
+        )
 
     placement = HybridComponentPlacement(cfg.cluster.component_placement, cluster.info)
     actor_strategy, actor_args = embodied_actor_strategy(cfg, placement)

@@ -323,6 +323,13 @@ class RolloutConfig(RLinfModel):
         "and keep the faster. Timing-based, so sampling may differ between machines; "
         "false keeps the stages pipelined.",
     )
+    in_env_process: bool = Field(
+        False,
+        description="Run the policy inside each env worker: no rollout group, no "
+        "observation/action hand-offs between processes (for cheap policies on few envs, "
+        "where hand-offs cost more than the policy; see docs/embodied.md). Sync PPO/GRPO "
+        "only; cluster.component_placement.rollout is then not used.",
+    )
 
 
 class OptimConfig(RLinfModel):
@@ -434,6 +441,16 @@ class EmbodiedConfig(RLinfModel):
         sac = alg.loss_type == "sac"
         if self.runner.online_scaling:
             self._check_online_scaling()
+        if self.rollout.in_env_process and (
+            self.runner.mode != "sync" or self.runner.online_scaling
+        ):
+            raise ValueError(
+                f"rollout.in_env_process=true runs the policy in the env workers with the sync "
+                f"runner only, but runner.mode={self.runner.mode!r}, runner.online_scaling="
+                f"{self.runner.online_scaling} (these need a rollout group); set "
+                "rollout.in_env_process: false, or runner.mode: sync and "
+                "runner.online_scaling: false"
+            )
         if sac and self.runner.mode != "async":
             raise ValueError(
                 f"runner.mode={self.runner.mode!r} does not fit algorithm.loss_type="

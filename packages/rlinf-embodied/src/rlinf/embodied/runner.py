@@ -15,6 +15,10 @@ Usage (the programming flow of ``examples/embodiment/train_embodied_agent.py``):
     runner.run()
     runner.close()
 
+With ``rollout.in_env_process`` there is no rollout group (``rollout=None``):
+each env rank runs the policy itself, the weight syncs go to the env group, and
+a rollout is ``env.interact`` and ``actor.recv_rollout_batch`` alone.
+
 Each step of :meth:`EmbodiedRunner.run`: :meth:`~EmbodiedRunner.update_rollout_weights`,
 :meth:`~EmbodiedRunner.generate_rollouts` (``env.interact``, ``rollout.generate``
 and ``actor.recv_rollout_batch`` run concurrently, connected by three
@@ -61,6 +65,7 @@ from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
 from rlinf.core.protocols.workers import (
     EmbodiedActorWorker,
     EmbodiedEnvWorker,
+    EmbodiedPolicyEnvWorker,
     EmbodiedRolloutWorker,
     check_implements,
 )
@@ -103,8 +108,12 @@ class EmbodiedRunner(ClosesOnExit):
     Args:
         cfg: The validated run config.
         actor: Launched :class:`~rlinf.embodied.workers.EmbodiedFSDPActor` group.
-        rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group.
+        rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group;
+            None with ``rollout.in_env_process`` (the env group runs the policy).
         env: Launched :class:`~rlinf.embodied.workers.EnvWorker` group.
+
+    Raises:
+        ValueError: ``rollout`` is given with ``rollout.in_env_process``, or missing without it.
 
     Attributes:
         global_step: Training steps done (the weight version of the next sync).
@@ -120,13 +129,34 @@ class EmbodiedRunner(ClosesOnExit):
     """The role protocol the actor group's class must implement."""
 
     def __init__(
-        self, cfg: EmbodiedConfig, actor: WorkerGroup, rollout: WorkerGroup, env: WorkerGroup
+        self,
+        cfg: EmbodiedConfig,
+        actor: WorkerGroup,
+        rollout: WorkerGroup | None,
+        env: WorkerGroup,
     ) -> None:
         check_implements(actor.worker_cls, self.actor_protocol)
-        check_implements(rollout.worker_cls, EmbodiedRolloutWorker)
         check_implements(env.worker_cls, EmbodiedEnvWorker)
+        if cfg.rollout.in_env_process:
+            if rollout is not None:
+                raise ValueError(
+                    f"rollout.in_env_process=true runs the policy in the env workers, but a "
+                    f"rollout group ({rollout.name}) was given; pass rollout=None (and do not "
+                    "launch it), or set rollout.in_env_process: false"
+                )
+            check_implements(env.worker_cls, EmbodiedPolicyEnvWorker)
+        elif rollout is None:
+            raise ValueError(
+                "rollout=None needs rollout.in_env_process: true (the env workers then run "
+                "the policy); launch a MultiStepRolloutWorker group or set the key"
+            )
+        else:
+            check_implements(rollout.worker_cls, EmbodiedRolloutWorker)
         self.cfg = cfg
-        self.actor, self.rollout, self.env = actor, rollout, env
+        self.actor, self.env = actor, env
+        self._rollout = rollout
+        self.policy_group: WorkerGroup = env if rollout is None else rollout
+        """The group that runs the policy: the rollout group, or the env group."""
         self.global_step = 0
         self.total_env_steps = 0
         self.restarts = 0
@@ -143,6 +173,22 @@ class EmbodiedRunner(ClosesOnExit):
         )
         self.base_actor_ranks = list(range(actor.world_size))
         """The actor ranks that hold the policy between steps (fewer with online scaling)."""
+
+    @property
+    def rollout(self) -> WorkerGroup:
+        """The rollout group.
+
+        Raises:
+            RuntimeError: ``rollout.in_env_process`` runs the policy in the env group.
+        """
+        if self._rollout is None:
+            raise RuntimeError("rollout.in_env_process: this run has no rollout group")
+        return self._rollout
+
+    @property
+    def groups(self) -> tuple[WorkerGroup, ...]:
+        """The launched groups: actor, rollout (unless ``in_env_process``), env."""
+        return tuple(g for g in (self.actor, self._rollout, self.env) if g is not None)
 
     # ------------------------------------------------------------------ paths
 
@@ -191,7 +237,7 @@ class EmbodiedRunner(ClosesOnExit):
         sizes = {
             "actor": self.actor.world_size,
             "env": self.env.world_size,
-            "rollout": self.rollout.world_size,
+            "rollout": self.policy_group.world_size,
         }
         cfg.check_world_sizes(**sizes)
         self._res.drop_channels()  # a second init_workers() starts with fresh channels
@@ -203,7 +249,7 @@ class EmbodiedRunner(ClosesOnExit):
         if cfg.runner.online_scaling:
             self._check_scaling()
         actor_dev = _devices(self.actor, self.base_actor_ranks)
-        rollout_dev = _devices(self.rollout)
+        rollout_dev = _devices(self.policy_group)
         env_dev = _devices(self.env)
         self.collocated = bool(actor_dev & rollout_dev)
         shared = [
@@ -226,16 +272,21 @@ class EmbodiedRunner(ClosesOnExit):
         self.spec = specs[0]
         cfg.check_world_sizes(**sizes, max_episode_steps=self.spec.max_episode_steps)
         self.check_spec(self.spec)
+        policy_init = (
+            self.env.init_policy(cfg, self.spec, self.actor.name)
+            if self._rollout is None
+            else self._rollout.init_worker(
+                cfg, self.spec, self.actor.name, self.env.world_size, offload_rollout
+            )
+        )
         self._wait(
             [
-                self.rollout.init_worker(
-                    cfg, self.spec, self.actor.name, self.env.world_size, offload_rollout
-                ),
+                policy_init,
                 self.actor.init_worker(
                     cfg,
                     self.spec,
-                    self.rollout.name,
-                    self.rollout.world_size,
+                    self.policy_group.name,
+                    self.policy_group.world_size,
                     self.env.world_size,
                     offload_actor,
                 ),
@@ -245,11 +296,13 @@ class EmbodiedRunner(ClosesOnExit):
         self.total_env_steps = 0
         self._synced_version = -1
         _log.info(
-            "embodied run (%s): actor x%d, env x%d, rollout x%d, %d pipeline stage(s)%s",
+            "embodied run (%s): actor x%d, env x%d, %s, %d pipeline stage(s)%s",
             self.mode,
             self.actor.world_size,
             self.env.world_size,
-            self.rollout.world_size,
+            "policy in the env processes"
+            if self._rollout is None
+            else f"rollout x{self._rollout.world_size}",
             stages,
             "; offload between phases" if offload_actor or offload_rollout else "",
         )
@@ -351,7 +404,10 @@ class EmbodiedRunner(ClosesOnExit):
             if first:
                 _log.info("first weight sync (actor -> rollout) ...")
             versions = self._wait(
-                [self.rollout.sync_model_from_actor(), self._base_actor().sync_model_to_rollout()]
+                [
+                    self.policy_group.sync_model_from_actor(),
+                    self._base_actor().sync_model_to_rollout(),
+                ]
             )
             self._synced_version = int(versions[1][0])
             if first:
@@ -381,16 +437,26 @@ class EmbodiedRunner(ClosesOnExit):
         """
         ch = self._res.channels
         merged = self.stage_chooser.next_merged()
+        step = self.global_step
         start = time.perf_counter()
-        results = self._wait(
-            [
-                self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
-                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "train", merged),
-                self.actor.recv_rollout_batch(ch["actor"]),
-            ]
-        )
+        if self._rollout is None:  # the env ranks act themselves and report infer_time
+            env_results = self._wait(
+                [
+                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged, step),
+                    self.actor.recv_rollout_batch(ch["actor"]),
+                ]
+            )[0]
+            policy_results = env_results
+        else:
+            env_results, policy_results, _ = self._wait(
+                [
+                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
+                    self._rollout.generate(ch["rollout"], ch["env"], step, "train", merged),
+                    self.actor.recv_rollout_batch(ch["actor"]),
+                ]
+            )
         elapsed = time.perf_counter() - start
-        return self._rollout_metrics(results[0], results[1], elapsed, merged)
+        return self._rollout_metrics(env_results, policy_results, elapsed, merged)
 
     def _rollout_metrics(
         self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool
@@ -452,12 +518,16 @@ class EmbodiedRunner(ClosesOnExit):
         self.update_rollout_weights()
         ch = self._res.channels
         merged = bool(self.stage_chooser.merged)  # pipelined until the choice is made
-        results = self._wait(
-            [
-                self.env.evaluate(ch["rollout"], ch["env"], merged),
-                self.rollout.generate(ch["rollout"], ch["env"], self.global_step, "eval", merged),
-            ]
-        )
+        step = self.global_step
+        if self._rollout is None:
+            results = self._wait([self.env.evaluate(ch["rollout"], ch["env"], merged, step)])
+        else:
+            results = self._wait(
+                [
+                    self.env.evaluate(ch["rollout"], ch["env"], merged),
+                    self._rollout.generate(ch["rollout"], ch["env"], step, "eval", merged),
+                ]
+            )
         metrics = _episode_metrics("eval", results[0])
         metrics["eval/num_episodes"] = metrics.pop("eval/num_trajectories")
         self._evaluated = True
@@ -490,7 +560,8 @@ class EmbodiedRunner(ClosesOnExit):
 
     def _worker_timings(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        groups = (("actor", self.actor), ("rollout", self.rollout), ("env", self.env))
+        named = [("actor", self.actor), ("rollout", self._rollout), ("env", self.env)]
+        groups = [(name, group) for name, group in named if group is not None]
         per_group = self._wait([group.pop_timings() for _, group in groups])  # concurrently
         for (name, _), timings in zip(groups, per_group, strict=True):
             for rank_timings in timings:
@@ -515,7 +586,7 @@ class EmbodiedRunner(ClosesOnExit):
             raise RuntimeError("call runner.init_workers() before runner.run()")
         return run_with_restarts(
             self._run_attempt,
-            groups=(self.actor, self.rollout, self.env),
+            groups=self.groups,
             max_restarts=self.cfg.runner.max_restarts,
             resume=resume_from_newest(self, self.cfg.runner.resume_dir),
         )

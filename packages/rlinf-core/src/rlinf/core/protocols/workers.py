@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointableWorker",
     "EmbodiedActorWorker",
     "EmbodiedEnvWorker",
+    "EmbodiedPolicyEnvWorker",
     "EmbodiedRolloutWorker",
     "OffPolicyEmbodiedActorWorker",
     "OffloadableWorker",
@@ -89,6 +90,36 @@ class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
         self, obs_channel: Channel, action_channel: Channel, merged: bool = False
     ) -> dict[str, list[float]]:
         """Runs the eval episodes; returns per-episode metric lists."""
+
+
+@runtime_checkable
+class EmbodiedPolicyEnvWorker(EmbodiedEnvWorker, Protocol):
+    """An env worker that can also run the policy itself (``rollout.in_env_process``).
+
+    ``interact`` and ``evaluate`` then take the global step (after ``merged``),
+    which seeds the sampling.
+    """
+
+    def init_policy(self, cfg: Any, spec: EnvSpec, actor_group: str) -> None:
+        """Builds the policy for ``spec`` in this process."""
+
+    def sync_model_from_actor(self) -> int:
+        """Receives the actor's weights; returns the new weight version."""
+
+    def interact(
+        self,
+        obs_channel: Channel,
+        action_channel: Channel,
+        actor_channel: Channel,
+        merged: bool = False,
+        step: int = 0,
+    ) -> dict[str, Any]:
+        """As :meth:`EmbodiedEnvWorker.interact`; also returns ``infer_time``."""
+
+    def evaluate(
+        self, obs_channel: Channel, action_channel: Channel, merged: bool = False, step: int = 0
+    ) -> dict[str, list[float]]:
+        """As :meth:`EmbodiedEnvWorker.evaluate`."""
 
 
 @runtime_checkable

@@ -17,6 +17,12 @@ One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
 Eval (:meth:`EnvWorker.evaluate`) runs the eval envs from deterministic seeds
 with the rollout in ``eval`` mode; a stage's stream ends early once all its
 episodes are over (without auto-reset).
+
+With ``rollout.in_env_process`` there is no rollout group: :meth:`EnvWorker.init_policy`
+builds the policy in this process, the actor's weight syncs reach it
+(:meth:`EnvWorker.sync_model_from_actor`), and the same loops act through an
+:class:`~rlinf.embodied.workers.policy_host.InProcessPolicy` instead of the
+observation and action channels, so nothing crosses a process per step.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from typing import Any
 import torch
 
 from rlinf.core.channel import Channel
+from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
+from rlinf.core.weight_sync import WeightBucket
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
 from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
@@ -43,6 +51,7 @@ from rlinf.embodied.workers.common import (
     split_trajectory,
     stream_key,
 )
+from rlinf.embodied.workers.policy_host import InProcessPolicy, PolicyHost, sampling_generator
 from rlinf.embodied.workers.trajectory import TrajectoryBuilder
 from rlinf.sched import Worker
 
@@ -65,6 +74,9 @@ class EnvWorker(Worker):
         self._last: list[EnvOutput | None] = []
         self._seed_epochs: list[int] = []
         self._actor_world_size = 1
+        self.host: PolicyHost | None = None
+        """The policy, with ``rollout.in_env_process`` (see :meth:`init_policy`)."""
+        self._actor_group = ""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -80,6 +92,7 @@ class EnvWorker(Worker):
         """
         self.close_envs()
         self.cfg = cfg
+        self.host = None  # init_policy() builds one (rollout.in_env_process)
         setup_process(cfg)  # plugin modules of this config
         self._actor_world_size = actor_world_size
         stages = cfg.rollout.pipeline_stage_num
@@ -90,6 +103,58 @@ class EnvWorker(Worker):
         self._last = [None] * stages
         self._seed_epochs = [0] * stages
         return self.train_envs[0].spec
+
+    def init_policy(self, cfg: EmbodiedConfig, spec: EnvSpec, actor_group: str) -> None:
+        """Builds the policy in this process (``rollout.in_env_process``); weights come with syncs.
+
+        Args:
+            cfg: The run config (the runner's).
+            spec: The train env's spec.
+            actor_group: Name of the actor group (rank 0 sends the weights).
+        """
+        self._actor_group = actor_group
+        self.host = PolicyHost(cfg, spec, self.rank, select_device())
+
+    def sync_model_from_actor(self) -> int:
+        """Receives the actor's weights into the in-process policy (broadcast from actor rank 0).
+
+        Returns:
+            The new weight version.
+
+        Raises:
+            RuntimeError: :meth:`init_policy` has not run.
+        """
+        host = self._require_host()
+        groups: list[tuple[str, int | list[int]]] = [
+            (self._actor_group, 0),
+            (self.group_name, list(range(self.world_size))),
+        ]
+
+        def receive() -> WeightBucket:
+            bucket: WeightBucket = self.broadcast(
+                None, groups, src=(self._actor_group, 0), timeout=self.cfg.runner.channel_timeout_s
+            )
+            return bucket
+
+        with self.worker_timer("sync_weights"):
+            return host.load_sync(receive)
+
+    def _require_host(self) -> PolicyHost:
+        if self.host is None:
+            raise RuntimeError(
+                "this env worker has no policy: init_policy() runs with rollout.in_env_process"
+            )
+        return self.host
+
+    def _links(
+        self, obs_channel: Channel, action_channel: Channel, step: int, mode: str
+    ) -> tuple[Any, Any]:
+        """Where observations go and actions come from: the channels, or the in-process policy."""
+        if self.host is None:
+            return obs_channel, action_channel
+        generator = sampling_generator(self.cfg, step, self.rank, mode, self.host.device)
+        local = InProcessPolicy(self.host, mode, generator)
+        return local, local
 
     def _build(self, split: EnvSplitConfig, n: int) -> list[VectorEnv]:
         stages = self.cfg.rollout.pipeline_stage_num
@@ -135,6 +200,7 @@ class EnvWorker(Worker):
         action_channel: Channel,
         actor_channel: Channel,
         merged: bool = False,
+        step: int = 0,
     ) -> dict[str, Any]:
         """Runs one training rollout of every stage of this rank (see the module docstring).
 
@@ -146,11 +212,15 @@ class EnvWorker(Worker):
             merged: Run the stages as one stream (key ``"rank.0"``): one hand-off per
                 round instead of one per stage. Trajectories reach the actor cut by
                 stage as when pipelined.
+            step: Global step: seeds the in-process policy's sampling as the rollout
+                worker's (``rollout.in_env_process``; unused otherwise).
 
         Returns:
             ``{"env_steps": sub-steps that advanced a live episode, "env_time": seconds in
-            ``chunk_step``, "episodes": {metric: [values of the episodes that finished]}}``.
+            ``chunk_step``, "episodes": {metric: [values of the episodes that finished]}}``;
+            with the in-process policy also ``"infer_time"``, seconds inside it.
         """
+        obs_channel, action_channel = self._links(obs_channel, action_channel, step, "train")
         cfg = self.cfg
         timeout = cfg.runner.channel_timeout_s
         chunks = cfg.actor.model.num_action_chunks
@@ -217,7 +287,14 @@ class EnvWorker(Worker):
                 if not env.auto_reset:
                     env.update_reset_seeds()
                     self._seed_epochs[s] += 1
-        return {"env_steps": env_steps, "env_time": env_time, "episodes": dict(episodes)}
+        report: dict[str, Any] = {
+            "env_steps": env_steps,
+            "env_time": env_time,
+            "episodes": dict(episodes),
+        }
+        if self.host is not None:
+            report["infer_time"] = self.host.take_infer_time()
+        return report
 
     def _group_ids(self, stream: _Stream) -> torch.Tensor:
         stages = len(self.train_envs)
@@ -241,7 +318,7 @@ class EnvWorker(Worker):
     # ------------------------------------------------------------------ eval
 
     def evaluate(
-        self, obs_channel: Channel, action_channel: Channel, merged: bool = False
+        self, obs_channel: Channel, action_channel: Channel, merged: bool = False, step: int = 0
     ) -> dict[str, list[float]]:
         """Runs the eval envs from their deterministic seeds with the rollout in eval mode.
 
@@ -249,6 +326,7 @@ class EnvWorker(Worker):
             obs_channel: Env -> rollout observations.
             action_channel: Rollout -> env action chunks.
             merged: Run the stages as one stream (see :meth:`interact`).
+            step: Global step (see :meth:`interact`).
 
         Returns:
             Per metric, the values of every eval episode that finished.
@@ -258,6 +336,7 @@ class EnvWorker(Worker):
         """
         if not self.eval_envs:
             raise RuntimeError("env.eval is null: this run has no eval envs")
+        obs_channel, action_channel = self._links(obs_channel, action_channel, step, "eval")
         cfg = self.cfg
         assert cfg.env.eval is not None
         timeout = cfg.runner.channel_timeout_s

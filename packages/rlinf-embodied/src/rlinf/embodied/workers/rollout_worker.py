@@ -17,7 +17,6 @@ together with their version, which stamps every output.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -25,13 +24,10 @@ import torch
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvSpec
-from rlinf.core.seeding import derive_seed
-from rlinf.core.weight_sync import WeightBucket, receive_weights
+from rlinf.core.weight_sync import WeightBucket
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import (
     ObsMessage,
-    merge_observations,
     message_rows,
     serving_env_ranks,
     setup_process,
@@ -39,6 +35,7 @@ from rlinf.embodied.workers.common import (
     split_rows,
     stream_key,
 )
+from rlinf.embodied.workers.policy_host import PolicyHost, sampling_generator
 from rlinf.sched import Worker
 
 __all__ = ["MultiStepRolloutWorker"]
@@ -55,10 +52,7 @@ class MultiStepRolloutWorker(Worker):
         super().__init__()
         self.cfg = cfg
         setup_process(cfg)
-        self.policy: BasePolicy | None = None
-        self.version = -1
-        self.last_sync: dict[str, int] = {}
-        self._frozen_names: set[str] = set()
+        self.host: PolicyHost | None = None
         self.device = select_device()
         self._actor_group = ""
         self._env_ranks: list[int] = []
@@ -88,18 +82,19 @@ class MultiStepRolloutWorker(Worker):
         self._env_ranks = serving_env_ranks(self.rank, env_world_size, self.world_size)
         self._offload = offload
         # Its own init (not the actor's): until the first sync the weights differ.
-        torch.manual_seed(derive_seed(cfg.actor.seed, "rollout", self.rank) % 2**31)
-        policy = build_policy(cfg.actor.model, spec)
-        self._frozen_names = policy.frozen_parameter_names()  # before freezing the rest
-        policy.requires_grad_(False)
-        policy.eval()
-        self.policy = policy.to("cpu" if offload and self.device.type == "cuda" else self.device)
-        self.version = -1
+        self.host = PolicyHost(cfg, spec, self.rank, self.device)
+        if offload and self.device.type == "cuda":
+            self.host.policy.to("cpu")
 
-    def _require_policy(self) -> BasePolicy:
-        if self.policy is None:
+    def _require_host(self) -> PolicyHost:
+        if self.host is None:
             raise RuntimeError("init_worker() must run before this call")
-        return self.policy
+        return self.host
+
+    @property
+    def version(self) -> int:
+        """The weight version of the last sync (-1 before the first)."""
+        return -1 if self.host is None else self.host.version
 
     # ------------------------------------------------------------------ weights
 
@@ -109,12 +104,11 @@ class MultiStepRolloutWorker(Worker):
         Returns:
             The new weight version.
         """
-        policy = self._require_policy()
+        host = self._require_host()
         groups: list[tuple[str, int | list[int]]] = [
             (self._actor_group, 0),
             (self.group_name, list(range(self.world_size))),
         ]
-        state: dict[str, torch.Tensor] = {}
 
         def receive() -> WeightBucket:
             timeout = self.cfg.runner.channel_timeout_s
@@ -124,39 +118,29 @@ class MultiStepRolloutWorker(Worker):
             return bucket
 
         with self.worker_timer("sync_weights"):
-            version, _, _ = receive_weights(receive, lambda b: state.update(b.tensors))
-            if policy.frozen_from_disk:  # LoRA: the frozen base is model_path's
-                _load_trainable(policy, state, self._frozen_names, int(version))
-            else:
-                policy.load_state_dict(state, strict=True)  # names every missing or extra weight
-        self.version = int(version)
-        self.last_sync = {
-            "tensors": len(state),
-            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
-        }
-        return self.version
+            return host.load_sync(receive)
 
     def get_last_sync(self) -> dict[str, int]:
         """``{"tensors", "bytes"}`` the last weight sync delivered (empty before the first)."""
-        return dict(self.last_sync)
+        return {} if self.host is None else dict(self.host.last_sync)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's current state dict as CPU tensors (for checks and tests)."""
-        policy = self._require_policy()
+        policy = self._require_host().policy
         return {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
 
     # ------------------------------------------------------------------ offload
 
     def offload(self) -> None:
         """Moves the policy to the CPU (a no-op when its device is the CPU)."""
-        if self.policy is not None and self.device.type == "cuda":
-            self.policy.to("cpu")
+        if self.host is not None and self.device.type == "cuda":
+            self.host.policy.to("cpu")
             torch.cuda.empty_cache()
 
     def onload(self) -> None:
         """Moves the policy back to its device."""
-        if self.policy is not None and self.device.type == "cuda":
-            self.policy.to(self.device)
+        if self.host is not None and self.device.type == "cuda":
+            self.host.policy.to(self.device)
 
     # ------------------------------------------------------------------ serving
 
@@ -180,17 +164,17 @@ class MultiStepRolloutWorker(Worker):
         Returns:
             ``{"calls": policy calls, "infer_time": seconds inside the policy}``.
         """
-        policy = self._require_policy()
+        host = self._require_host()
         timeout = self.cfg.runner.channel_timeout_s
         stages = 1 if merged else self.cfg.rollout.pipeline_stage_num
         phase = self.device_phase(
             lock=self._offload, offload=self._offload, timeout=self.cfg.runner.step_timeout_s
         )
         with phase:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(derive_seed(self.cfg.runner.seed, step, self.rank, mode))
+            generator = sampling_generator(self.cfg, step, self.rank, mode, self.device)
             active = {s: list(self._env_ranks) for s in range(stages)}
-            calls, infer_time = 0, 0.0
+            calls = 0
+            host.take_infer_time()
             with self.worker_timer(f"generate_{mode}"):
                 while any(active.values()):
                     for s in range(stages):
@@ -207,60 +191,25 @@ class MultiStepRolloutWorker(Worker):
                         if not live:
                             continue
                         keys = [stream_key(e, s) for e, _ in live]
-                        infer_time += self._act(
-                            policy, [m for _, m in live], keys, action_channel, mode, generator
-                        )
+                        self._act([m for _, m in live], keys, action_channel, mode, generator)
                         calls += 1
-        return {"calls": calls, "infer_time": infer_time}
+        return {"calls": calls, "infer_time": host.take_infer_time()}
 
     def _act(
         self,
-        policy: BasePolicy,
         messages: list[ObsMessage],
         keys: list[str],
         action_channel: Channel,
         mode: str,
         generator: torch.Generator,
-    ) -> float:
-        """Acts on the batch, sends the actions, then (train) the completed outputs.
-
-        Returns:
-            Seconds spent inside the policy.
-        """
+    ) -> None:
+        """Acts on the batch, sends the actions, then (train) the completed outputs."""
         timeout = self.cfg.runner.channel_timeout_s
         sizes = [message_rows(m) for m in messages]
-        obs, final_obs = merge_observations(messages)
-        started = time.perf_counter()
-        actions, complete = policy.predict_actions_first(obs, mode=mode, generator=generator)
-        elapsed = time.perf_counter() - started
-        for key, part in zip(keys, split_rows(actions.cpu(), sizes), strict=True):
+        actions, complete = self._require_host().act(messages, mode, generator)
+        for key, part in zip(keys, split_rows(actions, sizes), strict=True):
             action_channel.put(part, key=key, timeout=timeout)
-        if mode == "eval":  # env ranks only need the actions
-            return elapsed
-        started = time.perf_counter()
-        result = complete()
-        if final_obs is not None:
-            with torch.no_grad():
-                result.bootstrap_values = policy.get_value(final_obs)[:, :1]
-        result.version = self.version
-        if self.device.type != "cpu":
-            result = result.to_cpu()
-        elapsed += time.perf_counter() - started
-        for key, out in zip(keys, split_policy_output(result, sizes), strict=True):
+        if complete is None:  # eval: env ranks only need the actions
+            return
+        for key, out in zip(keys, split_policy_output(complete(), sizes), strict=True):
             action_channel.put(out, key=key, timeout=timeout)
-        return elapsed
-
-
-def _load_trainable(
-    policy: BasePolicy, state: dict[str, torch.Tensor], frozen: set[str], version: int
-) -> None:
-    """Loads a sync that left out the ``frozen`` parameters; anything else missing raises."""
-    result = policy.load_state_dict(state, strict=False)
-    missing = set(result.missing_keys) - frozen
-    if missing or result.unexpected_keys:
-        raise RuntimeError(
-            f"weight sync of version {version}: the actor did not send the trainable "
-            f"weights {sorted(missing)[:5]} and sent unknown ones "
-            f"{sorted(result.unexpected_keys)[:5]}; actor and rollout must build the same "
-            "policy (same actor.model config and model_path)"
-        )

@@ -1,0 +1,181 @@
+"""``PolicyHost``: the policy a process acts with, its weights and one act step.
+
+Two workers hold a policy for acting: the rollout worker (a policy server for
+env ranks in other processes) and, with ``rollout.in_env_process``, the env
+worker itself (no rollout group, no hand-offs). Both build it, load the
+actor's weight syncs and act through this class, so the two modes sample the
+same actions from the same seeds.
+
+:class:`InProcessPolicy` stands in for the observation and action channels of
+an env rank whose policy lives in its own process: a ``put`` of an
+observation acts at once, and the ``get`` calls return the action chunk and
+then (train mode) the complete :class:`~rlinf.core.protocols.embodied.PolicyOutput`,
+in the order the channels would deliver them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
+from rlinf.core.seeding import derive_seed
+from rlinf.core.weight_sync import WeightBucket, receive_weights
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.models import BasePolicy, build_policy
+from rlinf.embodied.workers.common import ObsMessage, merge_observations
+
+__all__ = ["InProcessPolicy", "PolicyHost", "sampling_generator"]
+
+
+def sampling_generator(
+    cfg: EmbodiedConfig, step: int, rank: int, mode: str, device: torch.device
+) -> torch.Generator:
+    """The generator one serving call samples with (seeded by step, serving rank and mode)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(derive_seed(cfg.runner.seed, step, rank, mode))
+    return generator
+
+
+class PolicyHost:
+    """A policy built for ``spec``, kept in sync with the actor, acting on observation messages.
+
+    Args:
+        cfg: The run config.
+        spec: The train env's spec.
+        rank: The serving rank (seeds the initial weights, which the first sync replaces).
+        device: Where the policy runs.
+    """
+
+    def __init__(self, cfg: EmbodiedConfig, spec: EnvSpec, rank: int, device: torch.device) -> None:
+        torch.manual_seed(derive_seed(cfg.actor.seed, "rollout", rank) % 2**31)
+        policy = build_policy(cfg.actor.model, spec)
+        self.frozen_names = policy.frozen_parameter_names()  # before freezing the rest
+        policy.requires_grad_(False)
+        policy.eval()
+        self.policy: BasePolicy = policy.to(device)
+        self.device = device
+        self.version = -1
+        self.last_sync: dict[str, int] = {}
+        self.infer_time = 0.0
+        """Seconds spent inside the policy since the last :meth:`take_infer_time`."""
+
+    def load_sync(self, receive: Callable[[], WeightBucket]) -> int:
+        """Receives one weight sync (all its buckets, from ``receive``) and loads it.
+
+        Returns:
+            The new weight version.
+
+        Raises:
+            RuntimeError: The sync left out trainable weights or sent unknown ones.
+        """
+        state: dict[str, torch.Tensor] = {}
+        version, _, _ = receive_weights(receive, lambda b: state.update(b.tensors))
+        if self.policy.frozen_from_disk:  # LoRA: the frozen base is model_path's
+            _load_trainable(self.policy, state, self.frozen_names, int(version))
+        else:
+            self.policy.load_state_dict(state, strict=True)  # names every missing or extra weight
+        self.version = int(version)
+        self.last_sync = {
+            "tensors": len(state),
+            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+        }
+        return self.version
+
+    def act(
+        self, messages: list[ObsMessage], mode: str, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Callable[[], PolicyOutput] | None]:
+        """Samples the action chunk of a batch of observation messages.
+
+        Args:
+            messages: The batch, in order (their rows are concatenated).
+            mode: ``train`` samples; ``eval`` takes the deterministic action.
+            generator: The sampling generator.
+
+        Returns:
+            ``(actions [n, C, A] on the CPU, complete)``: in train mode
+            ``complete()`` returns the full :class:`PolicyOutput` (values, and
+            ``bootstrap_values = V(final_obs)`` where the batch came with final
+            observations) stamped with the weight version; None in eval mode.
+        """
+        obs, final_obs = merge_observations(messages)
+        started = time.perf_counter()
+        actions, complete = self.policy.predict_actions_first(obs, mode=mode, generator=generator)
+        actions = actions.cpu()
+        self.infer_time += time.perf_counter() - started
+        if mode == "eval":
+            return actions, None
+
+        def finish() -> PolicyOutput:
+            started = time.perf_counter()
+            result = complete()
+            if final_obs is not None:
+                with torch.no_grad():
+                    result.bootstrap_values = self.policy.get_value(final_obs)[:, :1]
+            result.version = self.version
+            if self.device.type != "cpu":
+                result = result.to_cpu()
+            self.infer_time += time.perf_counter() - started
+            return result
+
+        return actions, finish
+
+    def take_infer_time(self) -> float:
+        """Seconds inside the policy since the last call (then restarts the count)."""
+        seconds, self.infer_time = self.infer_time, 0.0
+        return seconds
+
+
+class InProcessPolicy:
+    """The observation/action channel pair of env streams whose policy is in this process.
+
+    ``put(obs_message, key)`` acts on it at once; ``get(key)`` then returns the
+    action chunk, and in train mode a second ``get(key)`` the complete policy
+    output (computed then, as a rollout worker computes it while the env
+    steps). ``put(None, key)`` (a stream's end) does nothing.
+
+    Args:
+        host: The policy.
+        mode: ``train`` or ``eval``.
+        generator: The sampling generator of this rollout (see :func:`sampling_generator`).
+    """
+
+    def __init__(self, host: PolicyHost, mode: str, generator: torch.Generator) -> None:
+        self.host, self.mode, self.generator = host, mode, generator
+        self._pending: defaultdict[str, deque[Any]] = defaultdict(deque)
+
+    def put(self, item: ObsMessage | None, key: str, timeout: float | None = None) -> None:
+        """Acts on an observation message of stream ``key`` (``None``: the stream ends)."""
+        if item is None:
+            return
+        actions, complete = self.host.act([item], self.mode, self.generator)
+        self._pending[key].append(actions)
+        if complete is not None:
+            self._pending[key].append(complete)
+
+    def get(self, key: str, timeout: float | None = None) -> Any:
+        """The next action chunk, or (train) complete policy output, of stream ``key``."""
+        pending = self._pending[key]
+        if not pending:
+            raise RuntimeError(f"stream {key!r}: get() before put(): no observation to act on")
+        item = pending.popleft()
+        return item() if callable(item) else item
+
+
+def _load_trainable(
+    policy: BasePolicy, state: dict[str, torch.Tensor], frozen: set[str], version: int
+) -> None:
+    """Loads a sync that left out the ``frozen`` parameters; anything else missing raises."""
+    result = policy.load_state_dict(state, strict=False)
+    missing = set(result.missing_keys) - frozen
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"weight sync of version {version}: the actor did not send the trainable "
+            f"weights {sorted(missing)[:5]} and sent unknown ones "
+            f"{sorted(result.unexpected_keys)[:5]}; actor and rollout must build the same "
+            "policy (same actor.model config and model_path)"
+        )

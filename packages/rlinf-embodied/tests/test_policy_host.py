@@ -1,0 +1,88 @@
+"""PolicyHost and InProcessPolicy without Ray: weight loading, acting, and the channel order
+the env loop relies on when the policy lives in the env process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlinf.core.config import compose_config, validate_config
+from rlinf.core.protocols.embodied import EnvSpec
+from rlinf.core.weight_sync import WeightBucket
+from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.models import build_policy
+from rlinf.embodied.workers.policy_host import InProcessPolicy, PolicyHost, sampling_generator
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
+SPEC = EnvSpec(state_dim=4, image_shape=None, action_dim=1, num_actions=2, max_episode_steps=500)
+
+
+@pytest.fixture
+def cfg() -> EmbodiedConfig:
+    return validate_config(compose_config("cartpole_ppo_mlp", CONFIG_DIR), EmbodiedConfig)
+
+
+def _buckets(state: dict[str, torch.Tensor], version: int) -> list[WeightBucket]:
+    items = list(state.items())
+    half = len(items) // 2
+    return [
+        WeightBucket(version, 0, 2, items[:half]),
+        WeightBucket(version, 1, 2, items[half:]),
+    ]
+
+
+def test_load_sync_takes_the_actors_weights_and_names_a_missing_one(cfg: EmbodiedConfig) -> None:
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    torch.manual_seed(123)
+    actor = build_policy(cfg.actor.model, SPEC)
+    state = {k: v.detach().clone() for k, v in actor.state_dict().items()}
+    assert any(not torch.equal(v, host.policy.state_dict()[k]) for k, v in state.items())
+    buckets = iter(_buckets(state, 7))
+    assert host.load_sync(lambda: next(buckets)) == 7 == host.version
+    for key, value in host.policy.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    assert host.last_sync["tensors"] == len(state)
+    missing = dict(state)
+    dropped = sorted(missing)[0]
+    del missing[dropped]
+    buckets = iter(_buckets(missing, 8))
+    with pytest.raises(RuntimeError, match=dropped.replace(".", r"\.")):
+        host.load_sync(lambda: next(buckets))
+
+
+def test_in_process_policy_answers_like_the_channels(cfg: EmbodiedConfig) -> None:
+    """put(obs) then get -> the action chunk, get -> the complete output (train mode)."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    obs = {"states": torch.randn(3, 4)}
+    final = {"states": torch.randn(3, 4)}
+    train = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
+    with pytest.raises(RuntimeError, match=r"stream '0\.1': get\(\) before put\(\)"):
+        train.get("0.1")
+    train.put((obs, final), "0.0")
+    train.put((obs, None), "0.1")
+    actions = train.get("0.0")
+    assert actions.shape == (3, 1, 1) and bool(((actions == 0) | (actions == 1)).all())
+    output = train.get("0.0")
+    assert torch.equal(output.actions, actions) and output.version == -1
+    assert output.prev_values.shape[0] == 3 and output.bootstrap_values is not None
+    with torch.no_grad():
+        want = host.policy.get_value(final)[:, :1]
+    assert torch.equal(output.bootstrap_values, want)
+    train.get("0.1")
+    assert train.get("0.1").bootstrap_values is None
+    train.put(None, "0.1")  # a stream's end: nothing to answer
+    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
+        train.get("0.1")
+    assert host.take_infer_time() > 0 and host.take_infer_time() == 0
+
+    # The same seed samples the same actions; eval answers with the action only.
+    again = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
+    again.put((obs, final), "0.0")
+    assert torch.equal(again.get("0.0"), actions)
+    evaluate = InProcessPolicy(host, "eval", sampling_generator(cfg, 5, 0, "eval", host.device))
+    evaluate.put((obs, None), "0.0")
+    evaluate.get("0.0")
+    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
+        evaluate.get("0.0")
