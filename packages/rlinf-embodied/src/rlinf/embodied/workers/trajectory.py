@@ -65,6 +65,7 @@ class TrajectoryBuilder:
         self.truncations: list[torch.Tensor] = []
         self.alive: list[torch.Tensor] = []
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._no_flags = torch.zeros(num_envs, num_chunks, dtype=torch.bool)
 
     def _settle(self, output: PolicyOutput) -> None:
         """Adds ``gamma * V(final obs)`` to the last reward of episodes that ended last chunk."""
@@ -110,26 +111,30 @@ class TrajectoryBuilder:
         if out.rewards is None:
             raise ValueError("a chunk step's env output must carry rewards")
         alive = alive.to(torch.bool)
-        rewards = out.rewards.to(torch.float32).clone()
-        rewards[~alive] = 0.0
+        self.rewards.append(torch.where(alive, out.rewards.to(torch.float32), 0.0))
+        self.alive.append(alive)
+        if self.collect_next_obs:
+            after = out.final_obs if out.final_obs is not None else out.obs
+            inputs = self.forward_inputs[-1]
+            for key in [k for k in inputs if k in after]:
+                inputs[f"next_{key}"] = after[key].to(inputs[key].dtype).clone()
+        last_term, last_trunc = out.terminations[:, -1], out.truncations[:, -1]
+        if not bool((last_term | last_trunc).any()):  # most chunk steps end no episode
+            self.terminations.append(self._no_flags)  # (read-only: shared by such steps)
+            self.truncations.append(self._no_flags)
+            self._pending = None
+            return
         started_live = alive[:, 0]
-        term = out.terminations[:, -1] & started_live
-        trunc = out.truncations[:, -1] & started_live & ~term
+        term = last_term & started_live
+        trunc = last_trunc & started_live & ~term
         col = (alive.sum(dim=1) - 1).clamp(min=0)
         rows = torch.arange(self.n)
         terminations = torch.zeros(self.n, self.c, dtype=torch.bool)
         truncations = torch.zeros(self.n, self.c, dtype=torch.bool)
         terminations[rows[term], col[term]] = True
         truncations[rows[trunc], col[trunc]] = True
-        if self.collect_next_obs:
-            after = out.final_obs if out.final_obs is not None else out.obs
-            inputs = self.forward_inputs[-1]
-            for key in [k for k in inputs if k in after]:
-                inputs[f"next_{key}"] = after[key].to(inputs[key].dtype).clone()
-        self.rewards.append(rewards)
         self.terminations.append(terminations)
         self.truncations.append(truncations)
-        self.alive.append(alive)
         bootstrap = trunc | term if self.bootstrap_always else trunc
         self._pending = (bootstrap, col)
 
