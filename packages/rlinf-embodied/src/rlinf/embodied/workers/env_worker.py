@@ -38,7 +38,6 @@ import torch
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
-from rlinf.core.weight_sync import WeightBucket
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
 from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
@@ -124,20 +123,8 @@ class EnvWorker(Worker):
         Raises:
             RuntimeError: :meth:`init_policy` has not run.
         """
-        host = self._require_host()
-        groups: list[tuple[str, int | list[int]]] = [
-            (self._actor_group, 0),
-            (self.group_name, list(range(self.world_size))),
-        ]
-
-        def receive() -> WeightBucket:
-            bucket: WeightBucket = self.broadcast(
-                None, groups, src=(self._actor_group, 0), timeout=self.cfg.runner.channel_timeout_s
-            )
-            return bucket
-
-        with self.worker_timer("sync_weights"):
-            return host.load_sync(receive)
+        timeout = self.cfg.runner.channel_timeout_s
+        return self._require_host().sync_from_actor(self, self._actor_group, timeout)
 
     def _require_host(self) -> PolicyHost:
         if self.host is None:

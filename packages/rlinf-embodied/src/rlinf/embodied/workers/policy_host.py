@@ -28,6 +28,7 @@ from rlinf.core.weight_sync import WeightBucket, receive_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
 from rlinf.embodied.workers.common import ObsMessage, merge_observations
+from rlinf.sched import Worker
 
 __all__ = ["InProcessPolicy", "PolicyHost", "sampling_generator"]
 
@@ -85,6 +86,31 @@ class PolicyHost:
             "bytes": sum(t.numel() * t.element_size() for t in state.values()),
         }
         return self.version
+
+    def sync_from_actor(self, worker: Worker, actor_group: str, timeout: float) -> int:
+        """Receives one weight sync that actor rank 0 broadcasts to ``worker``'s group.
+
+        Args:
+            worker: The worker holding this policy (its group receives the broadcast).
+            actor_group: Name of the actor group.
+            timeout: Seconds to wait for each bucket.
+
+        Returns:
+            The new weight version.
+        """
+        groups: list[tuple[str, int | list[int]]] = [
+            (actor_group, 0),
+            (worker.group_name, list(range(worker.world_size))),
+        ]
+
+        def receive() -> WeightBucket:
+            bucket: WeightBucket = worker.broadcast(
+                None, groups, src=(actor_group, 0), timeout=timeout
+            )
+            return bucket
+
+        with worker.worker_timer("sync_weights"):
+            return self.load_sync(receive)
 
     def act(
         self, messages: list[ObsMessage], mode: str, generator: torch.Generator

@@ -24,7 +24,6 @@ import torch
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvSpec
-from rlinf.core.weight_sync import WeightBucket
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.workers.common import (
     ObsMessage,
@@ -104,21 +103,8 @@ class MultiStepRolloutWorker(Worker):
         Returns:
             The new weight version.
         """
-        host = self._require_host()
-        groups: list[tuple[str, int | list[int]]] = [
-            (self._actor_group, 0),
-            (self.group_name, list(range(self.world_size))),
-        ]
-
-        def receive() -> WeightBucket:
-            timeout = self.cfg.runner.channel_timeout_s
-            bucket: WeightBucket = self.broadcast(
-                None, groups, src=(self._actor_group, 0), timeout=timeout
-            )
-            return bucket
-
-        with self.worker_timer("sync_weights"):
-            return host.load_sync(receive)
+        timeout = self.cfg.runner.channel_timeout_s
+        return self._require_host().sync_from_actor(self, self._actor_group, timeout)
 
     def get_last_sync(self) -> dict[str, int]:
         """``{"tensors", "bytes"}`` the last weight sync delivered (empty before the first)."""
