@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rlinf.reasoning.workers.batch import (
         PackedBatch,
         Sample,
+        group_key,
         pack_samples,
         pad_rows,
         response_logprobs,
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutWorker",
     "Sample",
     "WeightBucket",
+    "group_key",
     "load_tokenizer",
     "pack_samples",
     "pad_rows",
@@ -50,6 +52,7 @@ _WHERE = {
     "MegatronActor": "megatron_actor",
     "PackedBatch": "batch",
     "Sample": "batch",
+    "group_key": "batch",
     "pack_samples": "batch",
     "pad_rows": "batch",
     "response_logprobs": "batch",
