@@ -14,10 +14,12 @@ from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.autoplace_profile import (
     auto_place,
     candidate_config,
+    launch_embodied_groups,
     profile_from_steps,
     total_envs,
 )
 from rlinf.embodied.config import EmbodiedConfig
+from rlinf.sched import Cluster
 from rlinf.sched.autoplace import EmbodiedLayout
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
@@ -126,3 +128,13 @@ def test_profiling_names_the_rule_the_collocated_run_breaks(tmp_path: Path) -> N
         auto_place(cfg, force_profile=True)
     assert "actor.global_batch_size" in str(info.value)
     assert "profile_data" in str(info.value)
+
+
+def test_launching_the_three_groups_refuses_the_policy_in_the_env_process(
+    tmp_path: Path,
+) -> None:
+    """Auto-place and online scaling launch a rollout group; in_env_process has none."""
+    cfg = _cfg(tmp_path, "rollout.in_env_process=true")
+    cluster: Cluster = None  # type: ignore[assignment]  # refused before any launch
+    with pytest.raises(ValueError, match=r"rollout\.in_env_process: false"):
+        launch_embodied_groups(cluster, cfg)
