@@ -50,15 +50,24 @@ class PolicyHost:
         spec: The train env's spec.
         rank: The serving rank (seeds the initial weights, which the first sync replaces).
         device: Where the policy runs.
+        offloaded: Keep the policy on the CPU until the owner moves it to ``device``
+            (a collocated rollout that onloads it for each rollout).
     """
 
-    def __init__(self, cfg: EmbodiedConfig, spec: EnvSpec, rank: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: EmbodiedConfig,
+        spec: EnvSpec,
+        rank: int,
+        device: torch.device,
+        offloaded: bool = False,
+    ) -> None:
         torch.manual_seed(derive_seed(cfg.actor.seed, "rollout", rank) % 2**31)
         policy = build_policy(cfg.actor.model, spec)
         self.frozen_names = policy.frozen_parameter_names()  # before freezing the rest
         policy.requires_grad_(False)
         policy.eval()
-        self.policy: BasePolicy = policy.to(device)
+        self.policy: BasePolicy = policy.to("cpu" if offloaded else device)
         self.device = device
         self.version = -1
         self.last_sync: dict[str, int] = {}

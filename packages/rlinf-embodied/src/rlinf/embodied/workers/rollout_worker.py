@@ -81,9 +81,7 @@ class MultiStepRolloutWorker(Worker):
         self._env_ranks = serving_env_ranks(self.rank, env_world_size, self.world_size)
         self._offload = offload
         # Its own init (not the actor's): until the first sync the weights differ.
-        self.host = PolicyHost(cfg, spec, self.rank, self.device)
-        if offload and self.device.type == "cuda":
-            self.host.policy.to("cpu")
+        self.host = PolicyHost(cfg, spec, self.rank, self.device, offloaded=offload)
 
     def _require_host(self) -> PolicyHost:
         if self.host is None:
