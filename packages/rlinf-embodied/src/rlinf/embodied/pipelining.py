@@ -83,7 +83,8 @@ class StageChooser:
         self.merged = env_steps_per_s > self._pipelined_rate
         choice = (
             "running the stages merged from now on; rollout.pipeline_stage_num: 1 is faster "
-            "still (one env batch per step, no trial)"
+            "still (one env batch per step, no trial), and with a cheap policy "
+            "rollout.in_env_process: true faster again (no hand-offs)"
             if self.merged
             else "keeping the stages pipelined"
         )
