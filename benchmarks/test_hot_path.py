@@ -195,14 +195,31 @@ def _rollout_vs_bare(
     )
 
 
+ROWS = {
+    False: (
+        "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
+        "hot path: rollout time beyond the env's chunk_step, per env step",
+    ),
+    True: (
+        "hot path: rollout in the env process vs bare simulator, 1 PickCube-v1 state env + MLP",
+        "hot path: in the env process, rollout time beyond chunk_step, per env step",
+    ),
+}
+"""Row names with a rollout group and with ``rollout.in_env_process``."""
+
+
+@pytest.mark.parametrize("in_env_process", [False, True], ids=["rollout_group", "in_env_process"])
 def test_rollout_vs_bare_simulator(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
     record_ratio: Callable[..., object],
+    in_env_process: bool,
 ) -> None:
-    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, False)
+    """With a rollout group, and with the env rank running the policy itself."""
+    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, in_env_process)
+    rate_row, beyond_row = ROWS[in_env_process]
     record_ratio(
-        "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
+        rate_row,
         rollout_rate,
         sim_rate,
         unit="env steps/s",
@@ -211,35 +228,7 @@ def test_rollout_vs_bare_simulator(
         floor=0.2,
     )
     record_ratio(
-        "hot path: rollout time beyond the env's chunk_step, per env step",
-        statistics.median(beyond_env_us),
-        1e6 / sim_rate,
-        unit="us",
-        baseline_name="sim step",
-        target=None,
-        floor=None,
-        higher_is_better=False,
-    )
-
-
-def test_rollout_in_env_process_vs_bare_simulator(
-    groups: tuple[list[WorkerGroup], Path],
-    interleave: Callable[..., dict[str, Any]],
-    record_ratio: Callable[..., object],
-) -> None:
-    """The same rollout with ``rollout.in_env_process``: the env rank runs the policy itself."""
-    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, True)
-    record_ratio(
-        "hot path: rollout in the env process vs bare simulator, 1 PickCube-v1 state env + MLP",
-        rollout_rate,
-        sim_rate,
-        unit="env steps/s",
-        baseline_name="bare sim",
-        target=0.8,
-        floor=0.2,
-    )
-    record_ratio(
-        "hot path: in the env process, rollout time beyond chunk_step, per env step",
+        beyond_row,
         statistics.median(beyond_env_us),
         1e6 / sim_rate,
         unit="us",
