@@ -86,3 +86,28 @@ def test_in_process_policy_answers_like_the_channels(cfg: EmbodiedConfig) -> Non
     evaluate.get("0.0")
     with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
         evaluate.get("0.0")
+
+
+def test_in_process_policy_can_leave_the_values_to_one_batch(cfg: EmbodiedConfig) -> None:
+    """defer_values: the complete output has no prev_values, and PolicyHost.values_of gives
+    what the value head gives per call; actions and logprobs are those of the default."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    obs = [{"states": torch.randn(3, 4)} for _ in range(2)]
+    outputs = {}
+    for defer in (False, True):
+        local = InProcessPolicy(
+            host, "train", sampling_generator(cfg, 5, 0, "train", host.device), defer_values=defer
+        )
+        outputs[defer] = []
+        for i, o in enumerate(obs):
+            local.put((o, None), str(i))
+            local.get(str(i))
+            outputs[defer].append(local.get(str(i)))
+    for full, deferred in zip(outputs[False], outputs[True], strict=True):
+        assert deferred.prev_values is None and full.prev_values is not None
+        assert torch.equal(full.actions, deferred.actions)
+        assert torch.equal(full.prev_logprobs, deferred.prev_logprobs)
+    host.take_infer_time()
+    batched = host.values_of({"states": torch.cat([o["states"] for o in obs])})
+    torch.testing.assert_close(batched, torch.cat([o.prev_values for o in outputs[False]]))
+    assert host.take_infer_time() > 0  # the batch counts as the policy's time

@@ -158,6 +158,7 @@ class BasePolicy(nn.Module, ABC):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        values: bool = True,
     ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
         """:meth:`predict_action_batch` in two parts: the action chunk, then the rest.
 
@@ -171,10 +172,16 @@ class BasePolicy(nn.Module, ABC):
             obs: Observations, as for :meth:`predict_action_batch`.
             mode: ``train`` or ``eval``.
             generator: Random generator for sampling.
+            values: False lets a policy whose values come from a network of their
+                own leave ``prev_values`` None, for the caller to compute them later
+                in one batch with :meth:`get_value` (the env process does, with
+                ``rollout.in_env_process``); policies whose values share the
+                action's forward pass compute them anyway.
 
         Returns:
             ``(actions [n, C, A], complete)``: calling ``complete()`` (once) returns
-            the same :class:`PolicyOutput` that :meth:`predict_action_batch` would.
+            the same :class:`PolicyOutput` that :meth:`predict_action_batch` would
+            (without ``prev_values`` where ``values`` is False and the policy defers them).
         """
         output = self.predict_action_batch(obs, mode, generator=generator)
         return output.actions, lambda: output
@@ -337,7 +344,10 @@ class ActorCriticPolicy(BasePolicy):
 
     def _to_device(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
         device = self.device
-        return {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+        return {  # (a same-device .to() still costs a dispatch on the rollout's hot path)
+            key: value if value.device == device else value.to(device, non_blocking=True)
+            for key, value in inputs.items()
+        }
 
     def _values(self, features: Tensor) -> Tensor:
         if self.value_head is None:
@@ -380,6 +390,7 @@ class ActorCriticPolicy(BasePolicy):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        values: bool = True,
     ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
         """Samples the action chunk; ``complete()`` then runs the value head.
 
@@ -390,6 +401,7 @@ class ActorCriticPolicy(BasePolicy):
             obs: Observations (see :class:`BasePolicy`).
             mode: ``train`` or ``eval``.
             generator: Random generator for sampling.
+            values: False: ``complete()`` skips the value head (``prev_values`` None).
 
         Returns:
             ``(actions, complete)`` (see :meth:`BasePolicy.predict_actions_first`).
@@ -408,11 +420,11 @@ class ActorCriticPolicy(BasePolicy):
 
         def complete() -> PolicyOutput:
             with torch.no_grad():
-                values = self._values(features)
+                prev_values = self._values(features) if values else None
             return PolicyOutput(
                 actions=actions,
                 prev_logprobs=logprobs,
-                prev_values=values,
+                prev_values=prev_values,
                 forward_inputs={**inputs, "action": stored},
             )
 

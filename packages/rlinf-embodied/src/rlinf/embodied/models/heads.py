@@ -47,6 +47,11 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _SQRT2 = math.sqrt(2.0)
 
 
+def _float32(x: Tensor) -> Tensor:
+    """``x.float()``, skipping the dispatched no-op on float32 (the rollout calls it per step)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def orthogonal_init(gain: float) -> Callable[[nn.Module], None]:
     """An initialiser for ``nn.Linear``/``nn.Conv2d``: orthogonal weights with ``gain``, zero bias.
 
@@ -209,7 +214,7 @@ class GaussianActionHead(ActionHead):
     def forward(self, features: Tensor) -> Tensor:
         """Action means ``[n, C * A]`` (float32)."""
         mean: Tensor = self.mean(features)
-        return mean.float()
+        return _float32(mean)
 
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
@@ -224,7 +229,7 @@ class GaussianActionHead(ActionHead):
         Returns:
             ``(actions [n, C, A], actions [n, C, A], logprobs [n, C * A])``.
         """
-        log_std = self.log_std.float()
+        log_std = _float32(self.log_std)
         if deterministic:
             flat = params.clone()
         else:

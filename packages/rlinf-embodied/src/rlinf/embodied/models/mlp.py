@@ -56,4 +56,6 @@ class MLPPolicy(ActorCriticPolicy):
             )
 
     def _encode(self, inputs: Mapping[str, Tensor]) -> Tensor:
-        return inputs["states"].to(self.dtype)
+        states = inputs["states"]
+        dtype = self.dtype
+        return states if states.dtype == dtype else states.to(dtype)

@@ -140,7 +140,8 @@ class EnvWorker(Worker):
         if self.host is None:
             return obs_channel, action_channel
         generator = sampling_generator(self.cfg, step, self.rank, mode, self.host.device)
-        local = InProcessPolicy(self.host, mode, generator)
+        # Train mode: the value network runs once per stream, at its end (no overlap to win here).
+        local = InProcessPolicy(self.host, mode, generator, defer_values=mode == "train")
         return local, local
 
     def _build(self, split: EnvSplitConfig, n: int) -> list[VectorEnv]:
@@ -214,6 +215,7 @@ class EnvWorker(Worker):
         steps = chunk_steps(cfg.env.train, self.train_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
         streams = self._streams(self.train_envs, merged)
+        values_of = None if self.host is None else self.host.values_of
         builders: list[TrajectoryBuilder] = []
         closing = [False] * len(streams)
         env_steps, env_time = 0, 0.0
@@ -234,6 +236,7 @@ class EnvWorker(Worker):
                         cfg.algorithm.gamma,
                         cfg.algorithm.bootstrap_type,
                         collect_next_obs=cfg.algorithm.loss_type == "sac",
+                        values_of=values_of,
                     )
                 )
             # Round t < steps acts on the obs after chunk t - 1; the last request of a

@@ -122,7 +122,11 @@ class PolicyHost:
             return self.load_sync(receive)
 
     def act(
-        self, messages: list[ObsMessage], mode: str, generator: torch.Generator
+        self,
+        messages: list[ObsMessage],
+        mode: str,
+        generator: torch.Generator,
+        values: bool = True,
     ) -> tuple[torch.Tensor, Callable[[], PolicyOutput] | None]:
         """Samples the action chunk of a batch of observation messages.
 
@@ -130,6 +134,9 @@ class PolicyHost:
             messages: The batch, in order (their rows are concatenated).
             mode: ``train`` samples; ``eval`` takes the deterministic action.
             generator: The sampling generator.
+            values: False: a policy with a separate value network leaves
+                ``prev_values`` None, for :meth:`values_of` to fill in one batch
+                (see :meth:`BasePolicy.predict_actions_first`).
 
         Returns:
             ``(actions [n, C, A] on the CPU, complete)``: in train mode
@@ -139,8 +146,11 @@ class PolicyHost:
         """
         obs, final_obs = merge_observations(messages)
         started = time.perf_counter()
-        actions, complete = self.policy.predict_actions_first(obs, mode=mode, generator=generator)
-        actions = actions.cpu()
+        actions, complete = self.policy.predict_actions_first(
+            obs, mode=mode, generator=generator, values=values
+        )
+        if actions.device.type != "cpu":
+            actions = actions.cpu()
         self.infer_time += time.perf_counter() - started
         if mode == "eval":
             return actions, None
@@ -158,6 +168,17 @@ class PolicyHost:
             return result
 
         return actions, finish
+
+    def values_of(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Values ``[n, V]`` on the CPU of a batch of observations (timed with the policy's work).
+
+        Args:
+            obs: Observation entries (other entries, such as ``action``, are ignored).
+        """
+        started = time.perf_counter()
+        values = self.policy.get_value(obs).cpu()
+        self.infer_time += time.perf_counter() - started
+        return values
 
     def take_infer_time(self) -> float:
         """Seconds inside the policy since the last call (then restarts the count)."""
@@ -177,17 +198,29 @@ class InProcessPolicy:
         host: The policy.
         mode: ``train`` or ``eval``.
         generator: The sampling generator of this rollout (see :func:`sampling_generator`).
+        defer_values: Leave ``prev_values`` None where the policy's values come
+            from a network of their own: nothing overlaps the env in this process,
+            so the env worker computes a stream's values in one batch at its end
+            (:class:`~rlinf.embodied.workers.trajectory.TrajectoryBuilder` with
+            ``values_of``) instead of one small call per chunk step.
     """
 
-    def __init__(self, host: PolicyHost, mode: str, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        host: PolicyHost,
+        mode: str,
+        generator: torch.Generator,
+        defer_values: bool = False,
+    ) -> None:
         self.host, self.mode, self.generator = host, mode, generator
+        self.values = not defer_values
         self._pending: defaultdict[str, deque[Any]] = defaultdict(deque)
 
     def put(self, item: ObsMessage | None, key: str, timeout: float | None = None) -> None:
         """Acts on an observation message of stream ``key`` (``None``: the stream ends)."""
         if item is None:
             return
-        actions, complete = self.host.act([item], self.mode, self.generator)
+        actions, complete = self.host.act([item], self.mode, self.generator, self.values)
         self._pending[key].append(actions)
         if complete is not None:
             self._pending[key].append(complete)

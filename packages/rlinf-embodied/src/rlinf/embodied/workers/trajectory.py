@@ -12,6 +12,12 @@ implementation (see ``docs/embodied.md``):
   sub-step once the rollout has evaluated the final observation, i.e. when the
   next policy output of the stage arrives.
 
+With ``values_of`` (the policy in the env process, ``rollout.in_env_process``),
+policy outputs may come without ``prev_values``: :meth:`TrajectoryBuilder.finish`
+computes them all in one batch from the stored forward inputs, and settles the
+bootstraps that waited on them. With a rollout worker the value network runs
+while the env steps, so outputs come complete.
+
 With ``collect_next_obs`` (SAC), each chunk's ``forward_inputs`` also get
 ``next_<key>`` entries: the observation after the chunk, i.e. the episode's
 real final observation where it ended (``final_obs``), not the reset one, so
@@ -19,6 +25,8 @@ an off-policy critic can bootstrap from it on truncation.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -41,6 +49,8 @@ class TrajectoryBuilder:
         gamma: Discount used for the bootstrap.
         bootstrap_type: ``standard`` (truncations) or ``always`` (every end).
         collect_next_obs: Store ``next_<key>`` forward inputs (see the module docstring).
+        values_of: Values ``[m, V]`` of a batch of forward inputs: lets policy
+            outputs come without ``prev_values`` (see the module docstring).
     """
 
     def __init__(
@@ -50,6 +60,7 @@ class TrajectoryBuilder:
         gamma: float,
         bootstrap_type: str,
         collect_next_obs: bool = False,
+        values_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
     ) -> None:
         self.n, self.c = num_envs, num_chunks
         self.collect_next_obs = collect_next_obs
@@ -57,7 +68,10 @@ class TrajectoryBuilder:
         self.bootstrap_always = bootstrap_type == "always"
         self.actions: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.values: list[torch.Tensor | None] = []  # None: computed in finish()
+        self.values_of = values_of
+        self._waiting: list[tuple[int, torch.Tensor, torch.Tensor, int]] = []
+        """Bootstraps waiting for a deferred value row: (reward row, mask, column, value row)."""
         self.forward_inputs: list[dict[str, torch.Tensor]] = []
         self.versions: list[int] = []
         self.rewards: list[torch.Tensor] = []
@@ -79,10 +93,18 @@ class TrajectoryBuilder:
             value = output.bootstrap_values[:, 0]
         elif output.prev_values is not None:
             value = output.prev_values[:, 0]  # held final obs (no auto-reset)
+        elif self.values_of is not None:  # held final obs, value deferred to finish()
+            self._waiting.append((len(self.rewards) - 1, mask, col, len(self.values)))
+            return
         else:
             return
+        self._add_bootstrap(len(self.rewards) - 1, mask, col, value)
+
+    def _add_bootstrap(
+        self, row: int, mask: torch.Tensor, col: torch.Tensor, value: torch.Tensor
+    ) -> None:
         rows = torch.nonzero(mask).squeeze(1)
-        rewards = self.rewards[-1]
+        rewards = self.rewards[row]
         rewards[rows, col[rows]] += self.gamma * value[rows].to(rewards.dtype)
 
     def add_policy_output(self, output: PolicyOutput) -> None:
@@ -94,10 +116,10 @@ class TrajectoryBuilder:
         self._settle(output)
         actions = output.actions
         self.actions.append(actions.reshape(self.n, -1).to(torch.float32))
-        if output.prev_logprobs is None or output.prev_values is None:
-            raise ValueError("a train policy output needs prev_logprobs and prev_values")
+        if output.prev_logprobs is None:
+            raise ValueError("a train policy output needs prev_logprobs")
         self.logprobs.append(output.prev_logprobs.to(torch.float32))
-        self.values.append(output.prev_values.to(torch.float32))
+        self.values.append(self._values_row(output))
         self.forward_inputs.append(dict(output.forward_inputs))
         self.versions.append(int(output.version))
 
@@ -110,20 +132,23 @@ class TrajectoryBuilder:
         """
         if out.rewards is None:
             raise ValueError("a chunk step's env output must carry rewards")
-        alive = alive.to(torch.bool)
-        self.rewards.append(torch.where(alive, out.rewards.to(torch.float32), 0.0))
+        if alive.dtype != torch.bool:  # (each skipped no-op .to() saves a dispatch per step)
+            alive = alive.to(torch.bool)
+        rewards = out.rewards if out.rewards.dtype == torch.float32 else out.rewards.float()
+        self.rewards.append(torch.where(alive, rewards, 0.0))
         self.alive.append(alive)
         if self.collect_next_obs:
             after = out.final_obs if out.final_obs is not None else out.obs
             inputs = self.forward_inputs[-1]
             for key in [k for k in inputs if k in after]:
                 inputs[f"next_{key}"] = after[key].to(inputs[key].dtype).clone()
-        last_term, last_trunc = out.terminations[:, -1], out.truncations[:, -1]
-        if not bool((last_term | last_trunc).any()):  # most chunk steps end no episode
+        # Most chunk steps end no episode (flags are only ever set in the last column).
+        if not (out.terminations.any() or out.truncations.any()):
             self.terminations.append(self._no_flags)  # (read-only: shared by such steps)
             self.truncations.append(self._no_flags)
             self._pending = None
             return
+        last_term, last_trunc = out.terminations[:, -1], out.truncations[:, -1]
         started_live = alive[:, 0]
         term = last_term & started_live
         trunc = last_trunc & started_live & ~term
@@ -137,6 +162,32 @@ class TrajectoryBuilder:
         self.truncations.append(truncations)
         bootstrap = trunc | term if self.bootstrap_always else trunc
         self._pending = (bootstrap, col)
+
+    def _values_row(self, output: PolicyOutput) -> torch.Tensor | None:
+        if output.prev_values is not None:
+            return output.prev_values.to(torch.float32)
+        if self.values_of is None:
+            raise ValueError(
+                "a train policy output needs prev_values (or a TrajectoryBuilder with values_of)"
+            )
+        return None
+
+    def _fill_values(self) -> list[torch.Tensor]:
+        """The value rows, the deferred ones computed in one batch; settles waiting bootstraps."""
+        missing = [i for i, v in enumerate(self.values) if v is None]
+        values = list(self.values)
+        if missing:
+            assert self.values_of is not None  # _values_row let None in only with values_of
+            keys = [k for k in self.forward_inputs[missing[0]] if k != "action"]
+            batch = {k: torch.cat([self.forward_inputs[i][k] for i in missing]) for k in keys}
+            computed = torch.split(self.values_of(batch).to(torch.float32), self.n)
+            for i, computed_row in zip(missing, computed, strict=True):
+                values[i] = computed_row
+        filled = [v for v in values if v is not None]
+        for row, mask, col, at in self._waiting:
+            self._add_bootstrap(row, mask, col, filled[at][:, 0])
+        self._waiting = []
+        return filled
 
     def finish(
         self, final: PolicyOutput, group_ids: torch.Tensor, num_steps: int | None = None
@@ -156,17 +207,20 @@ class TrajectoryBuilder:
             The trajectory ([T, n, ...] and [T + 1, n, ...] tensors).
         """
         self._settle(final)
-        if final.prev_values is None:
-            raise ValueError("the final policy output needs prev_values")
         t = len(self.rewards)
         if t == 0 or len(self.actions) != t:
             raise ValueError(f"inconsistent trajectory: {len(self.actions)} actions, {t} chunks")
-        final_values = final.prev_values.to(torch.float32)
+        self.forward_inputs.append(dict(final.forward_inputs))  # the final row's, for values_of
+        self.values.append(self._values_row(final))
+        values = self._fill_values()
+        final_values = values.pop()
+        self.forward_inputs.pop()
+        self.values.pop()
         if num_steps is not None and num_steps > t:
             for _ in range(num_steps - t):
                 self.actions.append(torch.zeros_like(self.actions[-1]))
                 self.logprobs.append(torch.zeros_like(self.logprobs[-1]))
-                self.values.append(final_values)
+                values.append(final_values)
                 self.forward_inputs.append(self.forward_inputs[-1])
                 self.versions.append(self.versions[-1])
                 self.rewards.append(torch.zeros_like(self.rewards[-1]))
@@ -180,7 +234,7 @@ class TrajectoryBuilder:
         return Trajectory(
             actions=torch.stack(self.actions),
             prev_logprobs=torch.stack(self.logprobs),
-            prev_values=torch.stack([*self.values, final_values]),
+            prev_values=torch.stack([*values, final_values]),
             rewards=torch.stack(self.rewards),
             dones=terminations | truncations,
             terminations=terminations,
