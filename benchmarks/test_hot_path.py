@@ -22,7 +22,10 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   (median microseconds): our env wrapper's ``chunk_step`` (simulator
   included); the policy's ``predict_actions_first`` (the actions, on the
   env's critical path) and ``complete()`` (the value head, which the rollout
-  runs while the env steps); pickling and unpickling each message of a hop
+  runs while the env steps); the value head run once on a whole stream's
+  ``T + 1`` observations, per env step (what the env process does with
+  ``rollout.in_env_process``, where nothing overlaps the env); pickling and
+  unpickling each message of a hop
   (the observation message, the action chunk, the complete ``PolicyOutput``:
   what a channel hop does besides waking the other side); and the trajectory
   builder. What a rollout step costs beyond the sum of the critical parts is
@@ -296,6 +299,10 @@ def test_profile_of_one_chunk_step(record_ratio: Callable[..., object], tmp_path
     parts["policy predict_actions_first (critical)"] = _median_us(predict)
     parts["policy complete(): value head (overlaps the env)"] = (
         _median_us(lambda: predict()[1]()) - parts["policy predict_actions_first (critical)"]
+    )
+    stream_obs = {"states": out.obs["states"].repeat(STEPS + 1, 1)}  # one stream's T + 1 rows
+    parts["value head, one batch per stream (in the env process), per env step"] = (
+        _median_us(lambda: policy.get_value(stream_obs), rounds=100) / STEPS
     )
     parts["obs message pickle + unpickle"] = _median_us(lambda: loads(*dumps(obs_message(out))))
     parts["action chunk pickle + unpickle"] = _median_us(lambda: loads(*dumps(policy_out.actions)))
