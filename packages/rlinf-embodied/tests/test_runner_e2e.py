@@ -271,10 +271,15 @@ def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(
     cfg = make_config(
         tmp_path,
         "adaptive",
-        [*SMALL, "runner.max_epochs=4", "runner.val_check_interval=4"],
+        [
+            *SMALL,
+            "runner.max_epochs=4",
+            "runner.val_check_interval=4",
+            "rollout.pipeline_stage_num=2",
+        ],
         placement=COLLOCATED,
     )
-    assert cfg.rollout.pipeline_stage_num == 2 and cfg.rollout.adaptive_stages
+    assert cfg.rollout.adaptive_stages  # the config's default
     with EmbodiedRunner(cfg, actor, rollout, env) as runner:
         runner.init_workers()
         metrics = runner.run()
@@ -295,7 +300,9 @@ def test_merged_stages_evaluate_like_pipelined_ones(
 ) -> None:
     """Deterministic eval actions: merging the stages changes no episode."""
     actor, rollout, env = hybrid
-    cfg = make_config(tmp_path, "merged_eval", SMALL, placement=HYBRID)
+    cfg = make_config(
+        tmp_path, "merged_eval", [*SMALL, "rollout.pipeline_stage_num=2"], placement=HYBRID
+    )
     with EmbodiedRunner(cfg, actor, rollout, env) as runner:
         runner.init_workers()
         pipelined = runner.evaluate()
@@ -313,7 +320,7 @@ def test_policy_in_the_env_process_runs_the_same_steps(
     stages pipelined) give exactly the metrics of the run with the rollout group."""
     actor, rollout, env = hybrid
     common = [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"]
-    common.append("rollout.adaptive_stages=false")  # no timing-based choice
+    common += ["rollout.pipeline_stage_num=2", "rollout.adaptive_stages=false"]  # pipelined
     runs = {}
     for name, in_env in (("separate", False), ("in_env", True)):
         cfg = make_config(
