@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlinf.core.protocols.embodied import EnvSpec
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec
 from rlinf.embodied.envs import (
     EnvConfig,
     StepResult,
@@ -122,6 +122,37 @@ def test_mid_chunk_end_is_held_and_flagged_in_last_column() -> None:
     out2, metrics2 = env.chunk_step(actions(3, 2, {}))
     assert out2.final_obs is None and metrics2["return"].numel() == 0
     assert out2.obs["states"][:, 1].tolist() == [2.0, 6.0, 2.0]
+
+
+def test_outputs_handed_out_are_never_written_again() -> None:
+    """Later chunks (partial steps, resets, a chunk that steps nobody) leave earlier outputs be."""
+    outs: list[EnvOutput] = []
+    snapshots: list[list[torch.Tensor]] = []
+
+    def tensors(out: EnvOutput) -> list[torch.Tensor]:
+        return [*out.obs.values(), *(out.final_obs or {}).values()]
+
+    def keep(out: EnvOutput) -> None:
+        outs.append(out)
+        snapshots.append([t.clone() for t in tensors(out)])
+
+    env = toy(auto_reset=True, max_episode_steps=100)
+    keep(env.reset())
+    for end_at in ({0: 1}, {}, {1: 0, 2: 1}, {}):
+        keep(env.chunk_step(actions(3, 2, end_at))[0])
+    held = toy(auto_reset=False, max_episode_steps=100)
+    keep(held.reset())
+    keep(held.chunk_step(actions(3, 1, {0: 0}))[0])  # env 0 ends and is held
+    keep(held.chunk_step(actions(3, 1, {1: 0}))[0])  # the others step (a partial step)
+    keep(held.chunk_step(actions(3, 1, {2: 0}))[0])
+    keep(held.chunk_step(actions(3, 1, {}))[0])  # nobody steps: the same values
+    for end_at in ({0: 0}, {}, {1: 1}):
+        env.chunk_step(actions(3, 2, end_at))
+    held.reset()
+    held.chunk_step(actions(3, 1, {}))
+    for i, (out, snapshot) in enumerate(zip(outs, snapshots, strict=True)):
+        assert all(map(torch.equal, tensors(out), snapshot)), f"output {i} was written"
+    assert torch.equal(outs[-1].obs["states"], outs[-2].obs["states"])
 
 
 def test_truncation_and_no_auto_reset_hold_until_reset() -> None:

@@ -312,7 +312,10 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         max_steps = self.spec.max_episode_steps
         rewards = np.zeros((n, num_sub), dtype=np.float32)
         alive = np.zeros((n, num_sub), dtype=bool)
-        obs = {k: v.clone() for k, v in self._vec_obs.items()}
+        # The entries are the last output's tensors until a sub-step writes them:
+        # handed-out tensors are never written in place (copy on first write).
+        obs = dict(self._vec_obs)
+        owned: set[str] = set()
         finished: list[tuple[int, float, int, bool, bool]] = []
         env0_was_done = bool(self._done[0])
 
@@ -332,11 +335,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 r = np.asarray(res.rewards, dtype=np.float64)[idx] * self.reward_scale
                 rewards[idx, c] = r
                 self._return[idx] += r
-                rows = idx if isinstance(idx, slice) else torch.from_numpy(idx)
-                for key, value in obs.items():
-                    if key == "task_ids" and self._task_ids is not None:
-                        continue  # constant: not reported by the backend
-                    value[rows] = res.obs[key][rows].to(value.dtype)
+                self._write_obs(obs, owned, res.obs, idx)
                 if res.success is not None:
                     self.defines_success = True
                     success = np.asarray(res.success, dtype=bool)[idx]
@@ -345,7 +344,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 term[idx] = np.asarray(res.terminated, dtype=bool)[idx]
                 trunc[idx] = np.asarray(res.truncated, dtype=bool)[idx]
             alive[:, c] = live  # (numpy's mask assignment is ~10x slower)
-            self._elapsed[live] += 1
+            self._elapsed += live  # (+1 where live, without a masked gather)
             if self.ignore_terminations:
                 if not self.can_continue_after_termination:
                     self._frozen |= term
@@ -378,13 +377,14 @@ class VectorEnv(abc.ABC, ClosesOnExit):
 
         final_obs: Obs | None = None
         if self.auto_reset and self._done.any():
-            final_obs = {k: v.clone() for k, v in obs.items()}
+            final_obs = dict(obs)  # never written: the reset rows go into copies
             env_ids = np.flatnonzero(self._done)
             self._episode_index[env_ids] += 1
             new = self._checked_obs(self._reset_envs(env_ids, self._env_seeds(env_ids)))
             rows = torch.from_numpy(env_ids)
-            for key, value in obs.items():
-                value[rows] = new[key]
+            for key, value in final_obs.items():
+                obs[key] = value.clone()
+                obs[key][rows] = new[key]
             self._clear_episodes(env_ids)
             if env_ids[0] == 0:  # env 0 starts a new episode (and a new video)
                 self._record_frame(obs)
@@ -482,6 +482,31 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             low, high = self._action_bounds
             arr = np.minimum(np.maximum(arr, low), high)  # np.clip costs ~10x more here
         return torch.from_numpy(arr)
+
+    def _write_obs(
+        self, obs: Obs, owned: set[str], stepped: Obs, idx: NDArray[Any] | slice
+    ) -> None:
+        """Writes the stepped envs' rows of ``stepped`` into ``obs`` (copy on first write).
+
+        Args:
+            obs: The chunk's observation entries; replaced by copies before any write.
+            owned: Keys of ``obs`` already copied in this chunk (updated).
+            stepped: The backend's observations of this sub-step.
+            idx: The stepped rows (a full slice when every env stepped).
+        """
+        for key, value in obs.items():
+            if key == "task_ids" and self._task_ids is not None:
+                continue  # constant: not reported by the backend
+            if isinstance(idx, slice):  # every row is new: one copy, nothing to clone
+                obs[key] = stepped[key].to(
+                    value.dtype, memory_format=torch.contiguous_format, copy=True
+                )
+            else:
+                if key not in owned:
+                    value = obs[key] = value.clone()
+                rows = torch.from_numpy(idx)
+                value[rows] = stepped[key][rows].to(value.dtype)
+            owned.add(key)
 
     def _checked_obs(self, obs: Obs) -> Obs:
         if self._task_ids is not None:  # one instruction for every env

@@ -83,6 +83,8 @@ class GymVectorEnv(VectorEnv):
         obs_space, act_space = first.observation_space, first.action_space
         self._obs_space = obs_space
         self._box_obs = isinstance(obs_space, gym.spaces.Box)
+        # 1-D Box observations go into their row as they are (numpy casts on assignment).
+        self._flat_rows = self._box_obs and len(obs_space.shape) == 1
         self._flatten = gym.spaces.flatten
         state_dim = int(gym.spaces.flatdim(obs_space))
         self._states = np.zeros((self.num_envs, state_dim), dtype=np.float32)
@@ -168,13 +170,15 @@ class GymVectorEnv(VectorEnv):
         truncated = np.zeros(n, dtype=bool)
         success = np.zeros(n, dtype=bool)
         acts = actions.numpy()
-        for env_id in np.flatnonzero(active):
-            if self._act_shape == ():
-                action: Any = int(acts[env_id, 0]) + self._discrete_start
+        # Discrete: Python ints for the whole batch at once (per-env numpy scalars cost more).
+        indices = (acts[:, 0] + self._discrete_start).tolist() if self._act_shape == () else []
+        for env_id in np.flatnonzero(active).tolist():
+            if indices:
+                action: Any = indices[env_id]
             else:
                 action = acts[env_id].reshape(self._act_shape).astype(self._act_dtype)
             raw, reward, term, trunc, info = self._envs[env_id].step(action)
-            self._states[env_id] = self._flat(raw)
+            self._states[env_id] = raw if self._flat_rows else self._flat(raw)
             rewards[env_id] = float(reward)
             terminated[env_id] = bool(term)
             truncated[env_id] = bool(trunc)

@@ -59,6 +59,13 @@ def _index_state(tree: Any, rows: torch.Tensor) -> Any:
     return tree[rows]
 
 
+def _flat_numpy(value: Any) -> NDArray[Any]:
+    """A reward or flag batch (tensor on any device, or array) as a flat numpy array."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy(force=True).reshape(-1)  # one call: detach, to CPU, view
+    return np.asarray(value).reshape(-1)
+
+
 def _cat_states(trees: list[Any]) -> Any:
     if isinstance(trees[0], dict):
         return {key: _cat_states([t[key] for t in trees]) for key in trees[0]}
@@ -234,7 +241,10 @@ class ManiSkillVectorEnv(VectorEnv):
     def _convert(self, raw: Any, k: int) -> Obs:
         """ManiSkill's obs of ``k`` scenes as our obs dict (CPU tensors)."""
         if not isinstance(raw, dict):
-            return {"states": torch.as_tensor(raw).reshape(k, -1).to(torch.float32).cpu()}
+            states = torch.as_tensor(raw).reshape(k, -1)
+            if states.dtype != torch.float32:  # (each no-op call still costs, per step)
+                states = states.float()
+            return {"states": states if states.is_cpu else states.cpu()}
         parts = [
             p.cpu() for key in ("agent", "extra") if key in raw for p in _flatten_state(raw[key], k)
         ]
@@ -286,11 +296,11 @@ class ManiSkillVectorEnv(VectorEnv):
             obs = self._convert(raw, self._k)
             for key, value in obs.items():
                 self._last[key][lo:hi] = value
-            rewards[lo:hi] = torch.as_tensor(reward).reshape(-1).cpu().double().numpy()
-            terminated[lo:hi] = torch.as_tensor(term).reshape(-1).cpu().numpy()
-            truncated[lo:hi] = torch.as_tensor(trunc).reshape(-1).cpu().numpy()
+            rewards[lo:hi] = _flat_numpy(reward)
+            terminated[lo:hi] = _flat_numpy(term)
+            truncated[lo:hi] = _flat_numpy(trunc)
             if "success" in info:
-                success[lo:hi] = torch.as_tensor(info["success"]).reshape(-1).cpu().numpy()
+                success[lo:hi] = _flat_numpy(info["success"])
         return StepResult(
             obs=self._last,
             rewards=rewards,

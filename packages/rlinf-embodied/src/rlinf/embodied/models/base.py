@@ -115,12 +115,12 @@ class BasePolicy(nn.Module, ABC):
     @property
     def device(self) -> torch.device:
         """Device of the parameters."""
-        return next(self.parameters()).device
+        return _first_parameter(self).device
 
     @property
     def dtype(self) -> torch.dtype:
         """Dtype of the parameters (``cfg.precision``)."""
-        return next(self.parameters()).dtype
+        return _first_parameter(self).dtype
 
     @staticmethod
     def _check_mode(mode: str) -> None:
@@ -510,3 +510,30 @@ class ActorCriticPolicy(BasePolicy):
         """
         with torch.no_grad():
             return self._values(self._encode(self._to_device(self._select_inputs(obs))))
+
+
+def _first_parameter(module: nn.Module) -> Tensor:
+    """``next(module.parameters())``, without its generator machinery (the rollout asks per step).
+
+    Looked up each time, not cached: moving, offloading or sharding a module can
+    replace its parameters.
+
+    Raises:
+        ValueError: The module has no parameters.
+    """
+    found = _find_parameter(module)
+    if found is None:
+        raise ValueError(f"{type(module).__name__} has no parameters: it has no device or dtype")
+    return found
+
+
+def _find_parameter(module: nn.Module) -> Tensor | None:
+    for param in module._parameters.values():
+        if param is not None:
+            return param
+    for child in module._modules.values():
+        if child is not None:
+            found = _find_parameter(child)
+            if found is not None:
+                return found
+    return None

@@ -103,9 +103,14 @@ def obs_message(output: EnvOutput) -> ObsMessage:
     """The part of an env output the rollout reads, on the CPU."""
     final_obs = output.final_obs
     return (
-        {k: v.cpu() for k, v in output.obs.items()},
-        None if final_obs is None else {k: v.cpu() for k, v in final_obs.items()},
+        _on_cpu(output.obs),
+        None if final_obs is None else _on_cpu(final_obs),
     )
+
+
+def _on_cpu(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # ``.cpu()`` on a CPU tensor is a no-op that still costs a dispatch, per step.
+    return {k: v if v.is_cpu else v.cpu() for k, v in obs.items()}
 
 
 def _cat_obs(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

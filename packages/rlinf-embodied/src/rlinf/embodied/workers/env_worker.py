@@ -442,7 +442,8 @@ class _Stream:
             out, finished = env.chunk_step(part)
             outs.append(out)
             for name, values in finished.items():
-                metrics[name].extend(values.tolist())
+                if len(values):  # most chunk steps finish no episode
+                    metrics[name].extend(values.tolist())
         return outs, metrics
 
     def last_alive_mask(self) -> torch.Tensor:
