@@ -295,6 +295,44 @@ def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(
     assert metrics["eval/num_episodes"] == 2 * 4
 
 
+def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """When the trial picks merged stages, each env rank rebuilds its two stages as one env
+    (one call per round); checkpoints keep that layout and a resumed run repeats the steps."""
+    actor, rollout, env = hybrid
+    common = [
+        *SMALL,
+        "rollout.pipeline_stage_num=2",
+        "runner.max_epochs=4",
+        "runner.val_check_interval=-1",
+    ]
+    first = make_config(tmp_path, "merged", [*common, "runner.save_interval=2"], placement=HYBRID)
+    with EmbodiedRunner(first, actor, rollout, env) as runner:
+        runner.init_workers()
+        # The merged trial comes next, against a pipelined rate it beats: merged wins.
+        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.run()
+        assert runner.stage_chooser.merged is True
+        straight_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
+    assert scalars(straight_dir, "rollout/stages_merged") == {s: 1.0 for s in (1, 2, 3, 4)}
+    # 1 env rank * 8 envs * 32 sub-steps per rollout, before and after the merge.
+    assert scalars(straight_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (1, 2, 3, 4)}
+    saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
+    assert saved["env_stages"] == [[0, 1]]  # one env holding both stages
+    second = make_config(tmp_path, "resumed", common, placement=HYBRID)
+    with EmbodiedRunner(second, actor, rollout, env) as runner:
+        runner.init_workers(resume_dir=ckpt_root / "global_step_2")
+        assert runner.global_step == 2 and runner.stage_chooser.merged is True
+        runner.run()
+        resumed_dir = runner.tensorboard_dir
+    want, got = all_scalars(straight_dir, 4), all_scalars(resumed_dir, 4)
+    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
+    assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
+    mismatched = {k: (want[k], got.get(k)) for k in keys if want[k] != got.get(k)}
+    assert not mismatched, mismatched
+
+
 def test_merged_stages_evaluate_like_pipelined_ones(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:

@@ -9,7 +9,8 @@ cost more than the overlap saves. Two tools decide:
 * :class:`StageChooser` (``rollout.adaptive_stages``, on by default) times the
   2nd training rollout pipelined and the 3rd with each env rank's stages merged
   into one stream (one hand-off per round), and keeps the faster for the rest
-  of the run;
+  of the run; when merged wins, each env rank rebuilds its stages as one env
+  (one env call per round, as with one stage);
 * :func:`pipeline_advice` (when adaptive stages are off) estimates one stage's
   time from one pipelined rollout and warns when it looks faster.
 """
@@ -82,9 +83,9 @@ class StageChooser:
             return None
         self.merged = env_steps_per_s > self._pipelined_rate
         choice = (
-            "running the stages merged from now on; rollout.pipeline_stage_num: 1 is faster "
-            "still (one env batch per step, no trial), and with a cheap policy "
-            "rollout.in_env_process: true faster again (no hand-offs)"
+            "running the stages merged from now on (each env rank's stages become one env); "
+            "rollout.pipeline_stage_num: 1 does the same without the trial, and with a cheap "
+            "policy rollout.in_env_process: true is faster again (no hand-offs)"
             if self.merged
             else "keeping the stages pipelined"
         )

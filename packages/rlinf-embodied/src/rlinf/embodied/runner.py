@@ -467,6 +467,8 @@ class EmbodiedRunner(ClosesOnExit):
         choice = self.stage_chooser.record(env_steps / elapsed if elapsed > 0 else 0.0)
         if choice:
             (_log.warning if self.stage_chooser.merged else _log.info)(choice)
+            if self.stage_chooser.merged:  # one env per rank from now on: one call per round
+                self._wait([self.env.merge_train_stages()])
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in rollout_results]
         busy: dict[str, float] = {}

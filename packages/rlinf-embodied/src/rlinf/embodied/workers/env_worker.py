@@ -71,7 +71,11 @@ class EnvWorker(Worker):
         self.train_envs: list[VectorEnv] = []
         self.eval_envs: list[VectorEnv] = []
         self._last: list[EnvOutput | None] = []
+        """Per train env: the output its last rollout ended on."""
         self._seed_epochs: list[int] = []
+        """Per train env: its reset-seed epoch."""
+        self._env_stages: list[list[int]] = []
+        """Per train env: the pipeline stages it holds (one each, or all once merged)."""
         self._actor_world_size = 1
         self.host: PolicyHost | None = None
         """The policy, with ``rollout.in_env_process`` (see :meth:`init_policy`)."""
@@ -101,7 +105,36 @@ class EnvWorker(Worker):
                 self.eval_envs = self._build(cfg.env.eval, cfg.stage_num_envs("eval"))
         self._last = [None] * stages
         self._seed_epochs = [0] * stages
+        self._env_stages = [[s] for s in range(stages)]
         return self.train_envs[0].spec
+
+    def merge_train_stages(self) -> None:
+        """Rebuilds this rank's train stages as one env of all their envs (idempotent).
+
+        For runs whose stage trial chose merged stages (``rollout.adaptive_stages``):
+        one env call per round instead of one per stage, as with one stage. The
+        rows stay in stage order, so trajectories still reach the actor cut by
+        stage; the episodes restart once, from the merged env's own seeds.
+        """
+        if len(self.train_envs) < 2:
+            return
+        stages = len(self.train_envs)
+        merged = make_env(
+            self.cfg.env.train,
+            num_envs=stages * self.cfg.stage_num_envs("train"),
+            seed_offset=self.rank * stages,
+            stage_id=0,
+        )
+        self._close_train_envs()
+        self.train_envs = [merged]
+        self._last, self._seed_epochs = [None], [0]
+        self._env_stages = [list(range(stages))]
+        self.log_info("train stages merged into one env of %d envs", merged.num_envs)
+
+    def _close_train_envs(self) -> None:
+        for env in self.train_envs:
+            env.close()
+        self.train_envs = []
 
     def init_policy(self, cfg: EmbodiedConfig, spec: EnvSpec, actor_group: str) -> None:
         """Builds the policy in this process (``rollout.in_env_process``); weights come with syncs.
@@ -160,9 +193,10 @@ class EnvWorker(Worker):
 
     def close_envs(self) -> None:
         """Closes every env of this rank (idempotent)."""
-        for env in [*self.train_envs, *self.eval_envs]:
+        self._close_train_envs()
+        for env in self.eval_envs:
             env.close()
-        self.train_envs, self.eval_envs = [], []
+        self.eval_envs = []
 
     def teardown(self) -> None:
         """Closes the envs, then releases the worker's channels."""
@@ -173,12 +207,16 @@ class EnvWorker(Worker):
 
     # ------------------------------------------------------------------ streams
 
-    def _streams(self, envs: list[VectorEnv], merged: bool) -> list[_Stream]:
-        """One stream per stage, or one stream of all stages when ``merged``."""
-        stages = len(envs)
-        if merged and stages > 1:
-            return [_Stream(envs, list(range(stages)), stream_key(self.rank, 0))]
-        return [_Stream([env], [s], stream_key(self.rank, s)) for s, env in enumerate(envs)]
+    def _streams(
+        self, envs: list[VectorEnv], env_stages: list[list[int]], merged: bool
+    ) -> list[_Stream]:
+        """One stream per env (stage), or one stream of all when ``merged``."""
+        if merged or len(envs) == 1:
+            return [_Stream(envs, list(range(len(envs))), env_stages, stream_key(self.rank, 0))]
+        return [
+            _Stream([env], [i], [stages], stream_key(self.rank, stages[0]))
+            for i, (env, stages) in enumerate(zip(envs, env_stages, strict=True))
+        ]
 
     # ------------------------------------------------------------------ training rollout
 
@@ -208,20 +246,25 @@ class EnvWorker(Worker):
             ``chunk_step``, "episodes": {metric: [values of the episodes that finished]}}``;
             with the in-process policy also ``"infer_time"``, seconds inside it.
         """
+        if not merged and len(self.train_envs) < self.cfg.rollout.pipeline_stage_num:
+            raise RuntimeError(
+                "interact(merged=False) after merge_train_stages(): this rank's stages are "
+                "one env now, so the rollout must take them as one stream (merged=True)"
+            )
         obs_channel, action_channel = self._links(obs_channel, action_channel, step, "train")
         cfg = self.cfg
         timeout = cfg.runner.channel_timeout_s
         chunks = cfg.actor.model.num_action_chunks
         steps = chunk_steps(cfg.env.train, self.train_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
-        streams = self._streams(self.train_envs, merged)
+        streams = self._streams(self.train_envs, self._env_stages, merged)
         values_of = None if self.host is None else self.host.values_of
         builders: list[TrajectoryBuilder] = []
         closing = [False] * len(streams)
         env_steps, env_time = 0, 0.0
         with self.worker_timer("interact"):
             for stream in streams:
-                last = [self._last[s] for s in stream.stages]
+                last = [self._last[i] for i in stream.env_ids]
                 outs = [
                     out if out is not None and env.auto_reset else env.reset()
                     for env, out in zip(stream.envs, last, strict=True)
@@ -271,12 +314,12 @@ class EnvWorker(Worker):
                     builders[i].add_chunk(out, alive)
                     for name, values in metrics.items():
                         episodes[name].extend(values)
-                    for s, stage_out in zip(stream.stages, outs, strict=True):
-                        self._last[s] = stage_out
-            for s, env in enumerate(self.train_envs):
+                    for env_id, env_out in zip(stream.env_ids, outs, strict=True):
+                        self._last[env_id] = env_out
+            for i, env in enumerate(self.train_envs):
                 if not env.auto_reset:
                     env.update_reset_seeds()
-                    self._seed_epochs[s] += 1
+                    self._seed_epochs[i] += 1
         report: dict[str, Any] = {
             "env_steps": env_steps,
             "env_time": env_time,
@@ -287,17 +330,18 @@ class EnvWorker(Worker):
         return report
 
     def _group_ids(self, stream: _Stream) -> torch.Tensor:
-        stages = len(self.train_envs)
+        """Group ids unique over ranks and stages (the same whether stages are merged or not)."""
+        stages = self.cfg.rollout.pipeline_stage_num
         return torch.cat(
             [
-                env.group_ids + (self.rank * stages + s) * env.num_groups
-                for s, env in zip(stream.stages, stream.envs, strict=True)
+                env.group_ids + (self.rank * stages + held[0]) * (env.num_groups // len(held))
+                for env, held in zip(stream.envs, stream.env_stages, strict=True)
             ]
         )
 
     def _ship(self, stream: _Stream, traj: Trajectory, channel: Channel, timeout: float) -> None:
         """Puts a stream's trajectory, cut by stage and into pieces, under their actor ranks."""
-        stages = len(self.train_envs)
+        stages = self.cfg.rollout.pipeline_stage_num
         split_num, per_actor = actor_pieces(self._actor_world_size, self.world_size, stages)
         by_stage = [traj] if len(stream.stages) == 1 else split_trajectory(traj, len(stream.stages))
         for stage, stage_traj in zip(stream.stages, by_stage, strict=True):
@@ -333,7 +377,7 @@ class EnvWorker(Worker):
         chunks = cfg.actor.model.num_action_chunks
         steps = chunk_steps(cfg.env.eval, self.eval_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
-        streams = self._streams(self.eval_envs, merged)
+        streams = self._streams(self.eval_envs, [[s] for s in range(len(self.eval_envs))], merged)
         with self.worker_timer("evaluate"):
             for stream in streams:
                 outs = [env.reset(seed=cfg.env.eval.seed) for env in stream.envs]
@@ -375,7 +419,11 @@ class EnvWorker(Worker):
         """
         folder = Path(path) / "env"
         folder.mkdir(parents=True, exist_ok=True)
-        state: dict[str, Any] = {"step": step, "seed_epochs": list(self._seed_epochs)}
+        state: dict[str, Any] = {
+            "step": step,
+            "seed_epochs": list(self._seed_epochs),
+            "env_stages": self._env_stages,
+        }
         try:
             state["envs"] = pickle.dumps((self.train_envs, self._last))
         except Exception as exc:  # simulators with native handles cannot be pickled
@@ -398,24 +446,30 @@ class EnvWorker(Worker):
         """
         file = Path(path) / "env" / f"rank_{self.rank}.pt"
         state = torch.load(file, weights_only=False)
+        stages = self.cfg.rollout.pipeline_stage_num
+        env_stages = state.get("env_stages", [[s] for s in range(len(state["seed_epochs"]))])
         envs_blob = state.get("envs")
-        stages = len(self.train_envs)
         if envs_blob is not None:
             envs, last = pickle.loads(envs_blob)
-            if len(envs) == stages:
-                for env in self.train_envs:
-                    env.close()
+            if sum(len(held) for held in env_stages) == stages:
+                self._close_train_envs()
                 self.train_envs, self._last = list(envs), list(last)
-                self._seed_epochs = list(state["seed_epochs"])
+                self._seed_epochs, self._env_stages = list(state["seed_epochs"]), env_stages
                 return int(state["step"])
-        # Not picklable: replay the reset-seed schedule; episodes restart.
+        # Not picklable: replay the reset-seed schedule on the saved layout; episodes restart.
+        if len(self.train_envs) != len(env_stages) and len(self.train_envs) == 1:
+            self._close_train_envs()  # merged here, not when saved: stages again
+            self.train_envs = self._build(self.cfg.env.train, self.cfg.stage_num_envs("train"))
+            self._env_stages = [[s] for s in range(stages)]
+        if len(env_stages) == 1 < stages:  # saved after the stage trial chose merged
+            self.merge_train_stages()
         seed = self.cfg.env.train.seed
-        for s, env in enumerate(self.train_envs):
+        for i, env in enumerate(self.train_envs):
             env.reset(seed=seed)
-            for _ in range(int(state["seed_epochs"][s])):
+            for _ in range(int(state["seed_epochs"][i])):
                 env.update_reset_seeds()
         self._seed_epochs = list(state["seed_epochs"])
-        self._last = [None] * stages
+        self._last = [None] * len(self.train_envs)
         return int(state["step"])
 
 
@@ -423,13 +477,17 @@ class _Stream:
     """The envs behind one stream key: one stage, or every stage of the rank merged.
 
     Args:
-        envs: The stages' envs, in stage order.
-        stages: Their stage indices.
+        envs: The envs, in stage order.
+        env_ids: Their indices in the rank's env list.
+        env_stages: The stages each env holds (one, or several once merged).
         key: The stream's channel key.
     """
 
-    def __init__(self, envs: list[VectorEnv], stages: list[int], key: str) -> None:
-        self.envs, self.stages, self.key = envs, stages, key
+    def __init__(
+        self, envs: list[VectorEnv], env_ids: list[int], env_stages: list[list[int]], key: str
+    ) -> None:
+        self.envs, self.env_ids, self.env_stages, self.key = envs, env_ids, env_stages, key
+        self.stages = [stage for held in env_stages for stage in held]
         self.sizes = [env.num_envs for env in envs]
         self.num_envs = sum(self.sizes)
         self.auto_reset = envs[0].auto_reset
