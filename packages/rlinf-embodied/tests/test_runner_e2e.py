@@ -331,6 +331,20 @@ def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
     assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
     mismatched = {k: (want[k], got.get(k)) for k in keys if want[k] != got.get(k)}
     assert not mismatched, mismatched
+    # A pipelined win after the merged trial splits the env into its two stages again.
+    short = [*SMALL, "rollout.pipeline_stage_num=2", "runner.max_epochs=2"]
+    short += ["runner.val_check_interval=-1", "runner.save_interval=2"]
+    split = make_config(tmp_path, "split", short, placement=HYBRID)
+    with EmbodiedRunner(split, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 1e12})
+        runner.run()
+        assert runner.stage_chooser.merged is False
+        split_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
+    assert scalars(split_dir, "rollout/stages_merged") == {1: 1.0, 2: 0.0}
+    assert scalars(split_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (1, 2)}
+    saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
+    assert saved["env_stages"] == [[0], [1]]
 
 
 def test_merged_stages_evaluate_like_pipelined_ones(

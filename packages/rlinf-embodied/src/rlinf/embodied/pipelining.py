@@ -9,8 +9,8 @@ cost more than the overlap saves. Two tools decide:
 * :class:`StageChooser` (``rollout.adaptive_stages``, on by default) times the
   2nd training rollout pipelined and the 3rd with each env rank's stages merged
   into one stream (one hand-off per round), and keeps the faster for the rest
-  of the run; when merged wins, each env rank rebuilds its stages as one env
-  (one env call per round, as with one stage);
+  of the run; for the merged trial and after it, when merged wins, each env
+  rank runs its stages as one env (one env call per round, as with one stage);
 * :func:`pipeline_advice` (when adaptive stages are off) estimates one stage's
   time from one pipelined rollout and warns when it looks faster.
 """

@@ -437,6 +437,8 @@ class EmbodiedRunner(ClosesOnExit):
         """
         ch = self._res.channels
         merged = self.stage_chooser.next_merged()
+        if merged and self.stage_chooser.merged is None:  # the merged trial: one env per rank
+            self._wait([self.env.merge_train_stages()])
         step = self.global_step
         start = time.perf_counter()
         if self._rollout is None:  # the env ranks act themselves and report infer_time
@@ -467,8 +469,8 @@ class EmbodiedRunner(ClosesOnExit):
         choice = self.stage_chooser.record(env_steps / elapsed if elapsed > 0 else 0.0)
         if choice:
             (_log.warning if self.stage_chooser.merged else _log.info)(choice)
-            if self.stage_chooser.merged:  # one env per rank from now on: one call per round
-                self._wait([self.env.merge_train_stages()])
+            if not self.stage_chooser.merged:  # the trial ran them merged: stages again
+                self._wait([self.env.split_train_stages()])
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in rollout_results]
         busy: dict[str, float] = {}

@@ -111,8 +111,9 @@ class EnvWorker(Worker):
     def merge_train_stages(self) -> None:
         """Rebuilds this rank's train stages as one env of all their envs (idempotent).
 
-        For runs whose stage trial chose merged stages (``rollout.adaptive_stages``):
-        one env call per round instead of one per stage, as with one stage. The
+        For the merged stage trial, and after it when merged wins
+        (``rollout.adaptive_stages``): one env call per round instead of one per
+        stage, as with one stage. The
         rows stay in stage order, so trajectories still reach the actor cut by
         stage; the episodes restart once, from the merged env's own seeds.
         """
@@ -130,6 +131,19 @@ class EnvWorker(Worker):
         self._last, self._seed_epochs = [None], [0]
         self._env_stages = [list(range(stages))]
         self.log_info("train stages merged into one env of %d envs", merged.num_envs)
+
+    def split_train_stages(self) -> None:
+        """Undoes :meth:`merge_train_stages`: one env per stage again (idempotent).
+
+        The episodes restart once, from the stages' seeds.
+        """
+        stages = self.cfg.rollout.pipeline_stage_num
+        if len(self.train_envs) == stages:
+            return
+        self._close_train_envs()
+        self.train_envs = self._build(self.cfg.env.train, self.cfg.stage_num_envs("train"))
+        self._last, self._seed_epochs = [None] * stages, [0] * stages
+        self._env_stages = [[s] for s in range(stages)]
 
     def _close_train_envs(self) -> None:
         for env in self.train_envs:
@@ -457,12 +471,10 @@ class EnvWorker(Worker):
                 self._seed_epochs, self._env_stages = list(state["seed_epochs"]), env_stages
                 return int(state["step"])
         # Not picklable: replay the reset-seed schedule on the saved layout; episodes restart.
-        if len(self.train_envs) != len(env_stages) and len(self.train_envs) == 1:
-            self._close_train_envs()  # merged here, not when saved: stages again
-            self.train_envs = self._build(self.cfg.env.train, self.cfg.stage_num_envs("train"))
-            self._env_stages = [[s] for s in range(stages)]
         if len(env_stages) == 1 < stages:  # saved after the stage trial chose merged
             self.merge_train_stages()
+        else:
+            self.split_train_stages()
         seed = self.cfg.env.train.seed
         for i, env in enumerate(self.train_envs):
             env.reset(seed=seed)
