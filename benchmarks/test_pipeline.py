@@ -14,10 +14,10 @@ calibrated in this process to cost what one policy call costs per env, so the
 env and the policy weigh the same. Target 1.5x, floor 1.2x. These two rows
 measure pipelining itself (``rollout.adaptive_stages: false``).
 
-The CartPole row (32 envs, MLP) runs two stages with ``adaptive_stages`` on,
-as the default configs do: the runner times a pipelined and a merged rollout
-and keeps the faster, so two stages should never lose to one (target 1.0x,
-floor 0.6x; pipelined, they ran 0.68-0.92x). An informational row (``-m
+The CartPole row (32 envs, MLP) runs two stages with ``adaptive_stages`` on:
+the runner times a pipelined rollout and a merged one (each env rank's stages
+as one env) and keeps the faster, so two stages should never lose to one
+(target 1.0x, floor 0.6x; pipelined, they ran 0.68-0.92x). An informational row (``-m
 slow``) does the same for ManiSkill PickCube (state, CPU sim, 8 envs).
 
 Both settings use the same launched worker groups (``init_workers`` rebuilds
