@@ -14,6 +14,11 @@ One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
    :class:`~rlinf.core.protocols.embodied.Trajectory` to the actor channel,
    cut into the pieces each actor rank is due (see :mod:`.common`).
 
+With ``merged`` (``rollout.adaptive_stages``) the stages run as one stream
+(key ``"rank.0"``); for the stage trial's merged rollout, and for good when it
+wins, :meth:`EnvWorker.merge_train_stages` rebuilds them as one env, so a
+round is one env call, as with one stage.
+
 Eval (:meth:`EnvWorker.evaluate`) runs the eval envs from deterministic seeds
 with the rollout in ``eval`` mode; a stage's stream ends early once all its
 episodes are over (without auto-reset).
@@ -113,9 +118,9 @@ class EnvWorker(Worker):
 
         For the merged stage trial, and after it when merged wins
         (``rollout.adaptive_stages``): one env call per round instead of one per
-        stage, as with one stage. The
-        rows stay in stage order, so trajectories still reach the actor cut by
-        stage; the episodes restart once, from the merged env's own seeds.
+        stage, as with one stage. The rows stay in stage order, so trajectories
+        still reach the actor cut by stage; the episodes restart once, from the
+        merged env's own seeds.
         """
         if len(self.train_envs) < 2:
             return
