@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf.core.config import compose_config, validate_config
@@ -209,3 +210,24 @@ def test_async_ppo_cartpole_reaches_475(groups: list[WorkerGroup], tmp_path: Pat
     returns = scalars(tb_dir, "eval/return")
     assert max(returns.values()) >= 475, returns
     assert max(scalars(tb_dir, "rollout/staleness_max").values()) <= 1.0
+
+
+def test_async_ppo_merged_stage_trial_runs_one_env_per_rank(
+    groups: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """Two adaptive stages in async mode: the merged trial (forced to win here) makes each
+    env rank's stages one env, and generation goes on merged with every env step."""
+    actor, rollout, env = groups
+    overrides = [*SMALL, "rollout.pipeline_stage_num=2", "runner.max_epochs=3"]
+    cfg = make_config(tmp_path, "merged", [*overrides, "runner.save_interval=3"])
+    with AsyncPPORunner(cfg, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.run()
+        assert runner.stage_chooser.merged is True
+        tb_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
+    merged = scalars(tb_dir, "rollout/stages_merged")  # logged with each finished generation
+    assert len(merged) >= 2 and set(merged.values()) == {1.0}, merged
+    assert scalars(tb_dir, "rollout/env_steps")[3] == 3 * 8 * 32.0  # three whole batches
+    saved = torch.load(ckpt_root / "global_step_3" / "env" / "rank_0.pt", weights_only=False)
+    assert saved["env_stages"] == [[0, 1]]
