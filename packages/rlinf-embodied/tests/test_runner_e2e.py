@@ -144,6 +144,16 @@ def all_scalars(tb_dir: Path, step: int) -> dict[str, float]:
     return out
 
 
+def assert_same_step(want_dir: Path, got_dir: Path, step: int) -> list[str]:
+    """Both runs logged the same non-timing scalars at ``step``, with equal values."""
+    want, got = all_scalars(want_dir, step), all_scalars(got_dir, step)
+    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
+    assert keys == sorted(k for k in got if not k.startswith("time/") and not k.endswith("_per_s"))
+    mismatched = {k: (want[k], got[k]) for k in keys if want[k] != got[k]}
+    assert not mismatched, mismatched
+    return keys
+
+
 # ----------------------------------------------------------------------------- weight sync
 
 
@@ -326,11 +336,8 @@ def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
         assert runner.global_step == 2 and runner.stage_chooser.merged is True
         runner.run()
         resumed_dir = runner.tensorboard_dir
-    want, got = all_scalars(straight_dir, 4), all_scalars(resumed_dir, 4)
-    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
+    keys = assert_same_step(straight_dir, resumed_dir, 4)
     assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
-    mismatched = {k: (want[k], got.get(k)) for k in keys if want[k] != got.get(k)}
-    assert not mismatched, mismatched
     # A pipelined win after the merged trial splits the env into its two stages again.
     short = [*SMALL, "rollout.pipeline_stage_num=2", "runner.max_epochs=2"]
     short += ["runner.val_check_interval=-1", "runner.save_interval=2"]
@@ -709,12 +716,8 @@ def test_resume_from_auto_repeats_the_next_step(hybrid: list[WorkerGroup], tmp_p
         runner.run()
         resumed_dir = runner.tensorboard_dir
     assert 2 not in scalars(resumed_dir, "train/actor/policy_loss")  # only step 3 ran
-    want, got = all_scalars(straight_dir, 3), all_scalars(resumed_dir, 3)
-    keys = sorted(k for k in want if not k.startswith("time/") and not k.endswith("_per_s"))
-    assert keys == sorted(k for k in got if not k.startswith("time/") and not k.endswith("_per_s"))
+    keys = assert_same_step(straight_dir, resumed_dir, 3)
     assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
-    mismatched = {k: (want[k], got[k]) for k in keys if want[k] != got[k]}
-    assert not mismatched, mismatched
 
 
 def test_resume_with_changed_batch_size_or_seed_is_refused_by_name(

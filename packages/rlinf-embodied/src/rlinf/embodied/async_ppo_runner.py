@@ -142,9 +142,7 @@ class AsyncPPORunner(EmbodiedRunner):
 
     def _launch_generation(self, seed_step: int) -> tuple[list[GroupFuture], bool, float]:
         ch = self._res.channels
-        merged = self.stage_chooser.next_merged()
-        if merged and self.stage_chooser.merged is None:  # the merged trial: one env per rank
-            self._wait([self.env.merge_train_stages()])  # (no generation is in flight here)
+        merged = self._next_stage_layout()  # (no generation is in flight here)
         futures = [
             self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
             self.rollout.generate(ch["rollout"], ch["env"], seed_step, "train", merged),

@@ -436,9 +436,7 @@ class EmbodiedRunner(ClosesOnExit):
             ``env/*`` episode metrics, ``rollout/env_steps`` and the step's env steps/s.
         """
         ch = self._res.channels
-        merged = self.stage_chooser.next_merged()
-        if merged and self.stage_chooser.merged is None:  # the merged trial: one env per rank
-            self._wait([self.env.merge_train_stages()])
+        merged = self._next_stage_layout()
         step = self.global_step
         start = time.perf_counter()
         if self._rollout is None:  # the env ranks act themselves and report infer_time
@@ -459,6 +457,17 @@ class EmbodiedRunner(ClosesOnExit):
             )
         elapsed = time.perf_counter() - start
         return self._rollout_metrics(env_results, policy_results, elapsed, merged)
+
+    def _next_stage_layout(self) -> bool:
+        """Whether the next training rollout runs merged stages.
+
+        For the merged trial, each env rank first makes its stages one env, so call
+        it with no rollout in flight.
+        """
+        merged = self.stage_chooser.next_merged()
+        if merged and self.stage_chooser.merged is None:
+            self._wait([self.env.merge_train_stages()])
+        return merged
 
     def _rollout_metrics(
         self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool

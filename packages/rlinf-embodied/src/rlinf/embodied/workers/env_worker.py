@@ -124,7 +124,7 @@ class EnvWorker(Worker):
         """
         if len(self.train_envs) < 2:
             return
-        stages = len(self.train_envs)
+        stages, epoch = len(self.train_envs), max(self._seed_epochs)
         merged = make_env(
             self.cfg.env.train,
             num_envs=stages * self.cfg.stage_num_envs("train"),
@@ -135,20 +135,31 @@ class EnvWorker(Worker):
         self.train_envs = [merged]
         self._last, self._seed_epochs = [None], [0]
         self._env_stages = [list(range(stages))]
+        self._advance_seed_epochs([epoch])
         self.log_info("train stages merged into one env of %d envs", merged.num_envs)
 
     def split_train_stages(self) -> None:
         """Undoes :meth:`merge_train_stages`: one env per stage again (idempotent).
 
-        The episodes restart once, from the stages' seeds.
+        The episodes restart once, from the stages' seeds at the epoch reached
+        (not their first epoch again).
         """
         stages = self.cfg.rollout.pipeline_stage_num
         if len(self.train_envs) == stages:
             return
+        epoch = max(self._seed_epochs)
         self._close_train_envs()
         self.train_envs = self._build(self.cfg.env.train, self.cfg.stage_num_envs("train"))
         self._last, self._seed_epochs = [None] * stages, [0] * stages
         self._env_stages = [[s] for s in range(stages)]
+        self._advance_seed_epochs([epoch] * stages)
+
+    def _advance_seed_epochs(self, epochs: list[int]) -> None:
+        """Moves each train env's reset seeds on to ``epochs[i]`` (from where it stands)."""
+        for i, (env, epoch) in enumerate(zip(self.train_envs, epochs, strict=True)):
+            for _ in range(epoch - self._seed_epochs[i]):
+                env.update_reset_seeds()
+            self._seed_epochs[i] = epoch
 
     def _close_train_envs(self) -> None:
         for env in self.train_envs:
@@ -480,12 +491,10 @@ class EnvWorker(Worker):
             self.merge_train_stages()
         else:
             self.split_train_stages()
-        seed = self.cfg.env.train.seed
-        for i, env in enumerate(self.train_envs):
-            env.reset(seed=seed)
-            for _ in range(int(state["seed_epochs"][i])):
-                env.update_reset_seeds()
-        self._seed_epochs = list(state["seed_epochs"])
+        for env in self.train_envs:
+            env.reset(seed=self.cfg.env.train.seed)  # epoch 0 of the seed stream
+        self._seed_epochs = [0] * len(self.train_envs)
+        self._advance_seed_epochs([int(epoch) for epoch in state["seed_epochs"]])
         self._last = [None] * len(self.train_envs)
         return int(state["step"])
 
