@@ -56,6 +56,12 @@ def _looks_like_override(arg: str) -> bool:
     return "=" in arg or arg.startswith("~")
 
 
+def _error(message: str, code: int = 2) -> int:
+    """Prints ``error: message`` to stderr and returns the exit ``code`` (2: a usage error)."""
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
 def _config_source(args: argparse.Namespace) -> tuple[list[str], str | None]:
     """The overrides, and a usage error (or None) for FILE / --config-path / --config-name."""
     overrides = list(args.overrides)
@@ -82,16 +88,13 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
     overrides, usage = _config_source(args)
     if usage is not None:
-        print(f"error: {usage}", file=sys.stderr)
-        return 2
+        return _error(usage)
     schemas = available_schemas()
     if args.schema not in schemas:
-        print(
-            f"error: --schema {args.schema!r} is not registered; choose one of: "
-            f"{', '.join(sorted(schemas))}",
-            file=sys.stderr,
+        return _error(
+            f"--schema {args.schema!r} is not registered; choose one of: "
+            f"{', '.join(sorted(schemas))}"
         )
-        return 2
 
     _print_versions()
     source = args.file if args.file is not None else args.config_name
@@ -112,22 +115,18 @@ def _cmd_auto_place(args: argparse.Namespace) -> int:
 
     overrides, usage = _config_source(args)
     if usage is not None:
-        print(f"error: {usage}", file=sys.stderr)
-        return 2
+        return _error(usage)
     if args.top is not None and args.top < 1:
-        print(f"error: --top {args.top}: show at least 1 placement", file=sys.stderr)
-        return 2
+        return _error(f"--top {args.top}: show at least 1 placement")
     placers, schemas = available_autoplacers(), available_schemas()
     names = [args.schema] if args.schema is not None else sorted(placers)
     for name in names:
         if name not in placers or name not in schemas:
-            print(
-                f"error: --schema {name!r} has no auto placer; choose one of: "
+            return _error(
+                f"--schema {name!r} has no auto placer; choose one of: "
                 f"{', '.join(sorted(set(placers) & set(schemas))) or 'none installed'} "
-                "(install rlinf-embodied or rlinf-reasoning)",
-                file=sys.stderr,
+                "(install rlinf-embodied or rlinf-reasoning)"
             )
-            return 2
     cfg, errors, schema = None, [], ""
     for name in names:  # without --schema: the first stack whose schema accepts the config
         try:
@@ -147,8 +146,7 @@ def _cmd_auto_place(args: argparse.Namespace) -> int:
             slots=args.slots,
         )
     except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return _error(str(err), 1)
     print(report_to_json(report, args.top) if args.json else format_report(report, args.top))
     return 0
 
@@ -161,10 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    def config_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        """A subcommand that reads a config: FILE or --config-path/--config-name, overrides."""
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
+        p.add_argument("--config-path", help="folder that holds the configs")
+        p.add_argument("--config-name", help="config name inside --config-path, without .yaml")
+        return p
+
     p_version = sub.add_parser("version", help="print the versions of the RLinf packages")
     p_version.set_defaults(func=_cmd_version)
 
-    p_check = sub.add_parser(
+    p_check = config_parser(
         "check-config",
         help="compose and validate a config (Hydra-style defaults and overrides)",
         description=(
@@ -173,10 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
             "errors."
         ),
     )
-    p_check.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
-    p_check.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
-    p_check.add_argument("--config-path", help="folder that holds the configs")
-    p_check.add_argument("--config-name", help="config name inside --config-path, without .yaml")
     p_check.add_argument(
         "--schema",
         default="core",
@@ -185,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--print", action="store_true", help="print the validated config as YAML")
     p_check.set_defaults(func=_cmd_check_config)
 
-    p_auto = sub.add_parser(
+    p_auto = config_parser(
         "auto-place",
         help="profile the components and print the fastest cluster.component_placement",
         description=(
@@ -198,10 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
             "2 on usage errors."
         ),
     )
-    p_auto.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
-    p_auto.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
-    p_auto.add_argument("--config-path", help="folder that holds the configs")
-    p_auto.add_argument("--config-name", help="config name inside --config-path, without .yaml")
     p_auto.add_argument(
         "--schema",
         default=None,

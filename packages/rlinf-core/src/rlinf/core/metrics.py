@@ -184,7 +184,22 @@ class _TensorBoardBackend:
             writer.close()
 
 
-class _WandbBackend:
+class _HostedBackend:
+    """A wandb or swanlab backend: both write in the background, and ``close()`` waits."""
+
+    _sink: Any  # what ``log`` and ``finish`` are called on: a wandb run, the swanlab module
+
+    def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
+        self._sink.log(dict(metrics), step=step)
+
+    def flush(self) -> None:
+        """Nothing to do: the library writes in the background; close() waits."""
+
+    def close(self) -> None:
+        self._sink.finish()
+
+
+class _WandbBackend(_HostedBackend):
     """Logs to a wandb run; files under ``experiment_dir/wandb``.
 
     ``WANDB_MODE=offline`` writes the run to ``wandb/offline-run-*/run-*.wandb`` for
@@ -196,21 +211,12 @@ class _WandbBackend:
     ) -> None:
         wandb = _import_backend("wandb", "wandb")
         experiment_dir.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
+        self._sink = wandb.init(
             project=project, name=name, dir=str(experiment_dir), config=run_config
         )
 
-    def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        self._run.log(dict(metrics), step=step)
 
-    def flush(self) -> None:
-        """Nothing to do: wandb's service process writes in the background; close() waits."""
-
-    def close(self) -> None:
-        self._run.finish()
-
-
-class _SwanLabBackend:
+class _SwanLabBackend(_HostedBackend):
     """Logs to a swanlab experiment; files under ``experiment_dir/swanlab``.
 
     ``SWANLAB_MODE=offline`` writes the run to ``swanlab/run-*/run-*.swanlab`` for
@@ -220,21 +226,12 @@ class _SwanLabBackend:
     def __init__(
         self, experiment_dir: Path, project: str, name: str, run_config: dict[str, Any] | None
     ) -> None:
-        self._swanlab = _import_backend("swanlab", "swanlab")
+        self._sink = _import_backend("swanlab", "swanlab")
         logdir = experiment_dir / "swanlab"
         logdir.mkdir(parents=True, exist_ok=True)  # swanlab requires an existing logdir
-        self._swanlab.init(
+        self._sink.init(
             project=project, experiment_name=name, logdir=str(logdir), config=run_config
         )
-
-    def log_scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        self._swanlab.log(dict(metrics), step=step)
-
-    def flush(self) -> None:
-        """Nothing to do: swanlab writes in the background; close() waits."""
-
-    def close(self) -> None:
-        self._swanlab.finish()
 
 
 _PACKAGES = {"wandb": "wandb", "swanlab": "swanlab"}

@@ -73,14 +73,7 @@ from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.pipelining import StageChooser, pipeline_advice
-from rlinf.sched import (
-    GroupFuture,
-    ScalingError,
-    WorkerDiedError,
-    WorkerError,
-    WorkerGroup,
-    wait_all,
-)
+from rlinf.sched import GroupFuture, WorkerGroup, scale_actor, wait_all
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
@@ -338,25 +331,9 @@ class EmbodiedRunner(ClosesOnExit):
         return self.actor.execute_on(*self.base_actor_ranks)
 
     def _scale(self, phase: str) -> float:
-        """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds.
-
-        Raises:
-            rlinf.sched.ScalingError: A rank raised, died or hung while re-sharding.
-        """
-        start = time.perf_counter()
-        try:
-            wait_all(
-                [getattr(self.actor, phase)()],
-                self.cfg.runner.step_timeout_s,
-                on_error=self._res.close_channels,
-                hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
-            )
-        except WorkerError as err:
-            detail = "died" if isinstance(err, WorkerDiedError) else "raised"
-            raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
-        except TimeoutError as err:
-            raise ScalingError(phase, self.actor.name, -1, f"timed out: {err}") from err
-        return time.perf_counter() - start
+        """``scale_up`` / ``scale_down`` on every actor rank (:func:`rlinf.sched.scale_actor`)."""
+        timeout = self.cfg.runner.step_timeout_s
+        return scale_actor(self.actor, phase, timeout, on_error=self._res.close_channels)
 
     def check_spec(self, spec: Any) -> None:
         """Checks the env's spec against the algorithm before policies are built (a hook).

@@ -73,14 +73,11 @@ from rlinf.reasoning.data import MathDataset, ResumableSampler
 from rlinf.reasoning.workers.common import load_tokenizer
 from rlinf.sched import (
     Cluster,
-    GroupFuture,
-    ScalingError,
     Worker,
-    WorkerDiedError,
-    WorkerError,
     WorkerGroup,
     grown_actor_strategy,
     launch_groups,
+    scale_actor,
     wait_all,
 )
 from rlinf.sched.placement import ModelParallelComponentPlacement
@@ -526,14 +523,14 @@ class ReasoningRunner(ClosesOnExit):
             on_error=close,
             hint=_TIMEOUT_HINT,
         )
-        t_up = self._scale("scale_up")
+        t_up = scale_actor(self.actor, "scale_up", timeout)
         (actor_out,) = wait_all(
             [self.actor.run_training(self.rewarded, step)],
             timeout,
             on_error=close,
             hint=_TIMEOUT_HINT,
         )
-        t_down = self._scale("scale_down")
+        t_down = scale_actor(self.actor, "scale_down", timeout)
         metrics = {
             "time/scale_up": t_up,
             "time/scale_down": t_down,
@@ -541,26 +538,6 @@ class ReasoningRunner(ClosesOnExit):
             "actor/world_size_train": float(self.actor.world_size),
         }
         return rollout_out, reward_out, actor_out, metrics
-
-    def _scale(self, phase: str) -> float:
-        """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds."""
-        t0 = time.perf_counter()
-        future = getattr(self.actor, phase)()
-        try:
-            wait_all(
-                [future],
-                self.cfg.runner.step_timeout_s,
-                hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
-            )
-        except WorkerError as first:
-            # A rank that raised in a collective may only echo a peer that died
-            # (gloo: connection closed): blame the dead rank when there is one.
-            err = first if isinstance(first, WorkerDiedError) else _dead_peer(future, first)
-            detail = "died" if isinstance(err, WorkerDiedError) else "raised"
-            raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
-        except TimeoutError as err:
-            raise ScalingError(phase, self.actor.name, -1, f"timed out: {err}") from err
-        return time.perf_counter() - t0
 
     def _async_train_step(self, pipe: AsyncPipeline) -> dict[str, float]:
         """One step of asynchronous GRPO (see :mod:`rlinf.reasoning.async_grpo`)."""
@@ -684,27 +661,21 @@ class ReasoningRunner(ClosesOnExit):
         """
         if not self._initialized:
             self.init_workers()
-        if self._async is not None:
-            pipe = self._async
-            attempt = self._run_attempt
+        attempt = self._run_attempt
+        pipe = self._async
 
-            def run_async() -> dict[str, float]:
-                try:
-                    out = attempt()
-                except BaseException:
-                    pipe.abort()  # the channels may be closed: do not wait for the streams
-                    raise
-                pipe.stop()
-                return out
+        def run_async() -> dict[str, float]:
+            assert pipe is not None
+            try:
+                out = attempt()
+            except BaseException:
+                pipe.abort()  # the channels may be closed: do not wait for the streams
+                raise
+            pipe.stop()
+            return out
 
-            return run_with_restarts(
-                run_async,
-                groups=(self.actor, self.rollout, self.reward),
-                max_restarts=self.cfg.runner.max_restarts,
-                resume=resume_from_newest(self, self.cfg.runner.resume_dir),
-            )
         return run_with_restarts(
-            self._run_attempt,
+            attempt if pipe is None else run_async,
             groups=(self.actor, self.rollout, self.reward),
             max_restarts=self.cfg.runner.max_restarts,
             resume=resume_from_newest(self, self.cfg.runner.resume_dir),
@@ -908,22 +879,3 @@ def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:
         "rollout/total_num_sequence": count,
         "rollout/num_groups": sum(s["groups"] for s in stats),
     }
-
-
-_PEER_GRACE_S = 10.0  # how long a failed re-shard waits to see whether a peer rank died
-
-
-def _dead_peer(future: GroupFuture, err: WorkerError) -> WorkerError:
-    """The first other rank of ``future`` that died within ``_PEER_GRACE_S``; else ``err``."""
-    deadline = time.monotonic() + _PEER_GRACE_S
-    for rank, ref in zip(future.ranks, future.refs, strict=True):
-        if rank == err.rank:
-            continue
-        one = GroupFuture(future.group, [rank], [ref], future.method)
-        try:
-            wait_all([one], max(0.1, deadline - time.monotonic()))
-        except WorkerDiedError as died:
-            return died
-        except (WorkerError, TimeoutError):
-            continue
-    return err

@@ -25,7 +25,7 @@ from rlinf.sched.placement import (
     NodePlacementStrategy,
     PackedPlacementStrategy,
 )
-from rlinf.sched.scaling import ScalingError, grown_actor_strategy
+from rlinf.sched.scaling import ScalingError, grown_actor_strategy, scale_actor
 from rlinf.sched.wait import wait_all, wait_for_progress
 from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
 
@@ -59,6 +59,7 @@ __all__ = [
     "__version__",
     "grown_actor_strategy",
     "launch_groups",
+    "scale_actor",
     "wait_all",
     "wait_for_progress",
 ]

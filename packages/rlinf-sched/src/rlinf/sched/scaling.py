@@ -19,10 +19,17 @@ groups and resumes from the last checkpoint as for any dead worker.
 
 from __future__ import annotations
 
-from rlinf.sched.placement import ComponentPlacement, FlexiblePlacementStrategy
-from rlinf.sched.worker import WorkerError
+import time
+from collections.abc import Callable
 
-__all__ = ["ScalingError", "grown_actor_strategy"]
+from rlinf.sched.placement import ComponentPlacement, FlexiblePlacementStrategy
+from rlinf.sched.wait import wait_all
+from rlinf.sched.worker import GroupFuture, WorkerDiedError, WorkerError, WorkerGroup
+
+__all__ = ["ScalingError", "grown_actor_strategy", "scale_actor"]
+
+_PEER_GRACE_S = 10.0
+"""How long a failed re-shard waits to see whether a peer rank died (the one to blame)."""
 
 
 class ScalingError(WorkerError):
@@ -87,3 +94,56 @@ def grown_actor_strategy(
             f"{rollout} resources {extra} (cluster.component_placement); swap them"
         )
     return FlexiblePlacementStrategy([[r] for r in base + extra], groups)
+
+
+def scale_actor(
+    actor: WorkerGroup,
+    phase: str,
+    timeout: float | None,
+    on_error: Callable[[], object] | None = None,
+) -> float:
+    """Runs ``phase`` (``scale_up`` / ``scale_down``) on every actor rank; its seconds.
+
+    Args:
+        actor: The actor group (every rank takes part in the re-shard).
+        phase: The actor method to call: ``"scale_up"`` or ``"scale_down"``.
+        timeout: Seconds the ranks get (``runner.step_timeout_s``).
+        on_error: Runs before the error propagates (the runners close their channels).
+
+    Raises:
+        ScalingError: A rank raised, died or hung while re-sharding. A rank that
+            raised in a collective often only echoes a peer that died (gloo:
+            connection closed): the dead rank is blamed when there is one.
+    """
+    start = time.perf_counter()
+    future = getattr(actor, phase)()
+    try:
+        wait_all(
+            [future],
+            timeout,
+            on_error=on_error,
+            hint="a rank is stuck re-sharding; raise runner.step_timeout_s if it is slow",
+        )
+    except WorkerError as first:
+        err = first if isinstance(first, WorkerDiedError) else _dead_peer(future, first)
+        detail = "died" if isinstance(err, WorkerDiedError) else "raised"
+        raise ScalingError(phase, err.group, err.rank, f"{detail}: {err}") from err
+    except TimeoutError as err:
+        raise ScalingError(phase, actor.name, -1, f"timed out: {err}") from err
+    return time.perf_counter() - start
+
+
+def _dead_peer(future: GroupFuture, err: WorkerError) -> WorkerError:
+    """The first other rank of ``future`` that died within ``_PEER_GRACE_S``; else ``err``."""
+    deadline = time.monotonic() + _PEER_GRACE_S
+    for rank, ref in zip(future.ranks, future.refs, strict=True):
+        if rank == err.rank:
+            continue
+        one = GroupFuture(future.group, [rank], [ref], future.method)
+        try:
+            wait_all([one], max(0.1, deadline - time.monotonic()))
+        except WorkerDiedError as died:
+            return died
+        except (WorkerError, TimeoutError):
+            continue
+    return err

@@ -76,10 +76,8 @@ def masked_mean(
         The mean (a scalar, or ``values`` with ``dim`` removed).
     """
     m = _mask_as(values, mask)
-    vm = _masked(values, m)
-    if dim is None:
-        return vm.sum() / m.sum().clamp(min=1)
-    return vm.sum(dim=dim) / m.sum(dim=dim).clamp(min=1)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return masked_sum(values, m, dim) / count.clamp(min=1)
 
 
 def _mean_var(

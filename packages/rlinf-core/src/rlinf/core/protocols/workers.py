@@ -153,9 +153,8 @@ class EmbodiedRolloutWorker(Protocol):
         """
 
 
-@runtime_checkable
-class EmbodiedActorWorker(CheckpointableWorker, Protocol):
-    """Trains the policy on the trajectories it receives through a channel."""
+class _EmbodiedTrainerWorker(CheckpointableWorker, Protocol):
+    """What the on- and off-policy embodied actors share: init and the weight sync."""
 
     def init_worker(
         self,
@@ -166,10 +165,15 @@ class EmbodiedActorWorker(CheckpointableWorker, Protocol):
         env_world_size: int,
         offload: bool = False,
     ) -> None:
-        """Builds the model, optimizer and process group."""
+        """Builds the model, optimizers, and the process group or (SAC) the replay buffer."""
 
     def sync_model_to_rollout(self) -> int:
         """Sends the current weights to the rollout group; returns their version."""
+
+
+@runtime_checkable
+class EmbodiedActorWorker(_EmbodiedTrainerWorker, Protocol):
+    """Trains the policy on the trajectories it receives through a channel."""
 
     def recv_rollout_batch(self, actor_channel: Channel) -> dict[str, int]:
         """Collects this rank's share of the step's trajectories."""
@@ -182,26 +186,12 @@ class EmbodiedActorWorker(CheckpointableWorker, Protocol):
 
 
 @runtime_checkable
-class OffPolicyEmbodiedActorWorker(CheckpointableWorker, Protocol):
+class OffPolicyEmbodiedActorWorker(_EmbodiedTrainerWorker, Protocol):
     """Trains off-policy (SAC) from a replay buffer fed by trajectories from a channel.
 
     The async runner calls :meth:`train_step` while env and rollout keep running;
     the actor moves whatever trajectories have arrived into its buffer first.
     """
-
-    def init_worker(
-        self,
-        cfg: Any,
-        spec: EnvSpec,
-        rollout_group: str,
-        rollout_world_size: int,
-        env_world_size: int,
-        offload: bool = False,
-    ) -> None:
-        """Builds the model, target networks, optimizers and the replay buffer."""
-
-    def sync_model_to_rollout(self) -> int:
-        """Sends the current weights to the rollout group; returns their version."""
 
     def ingest(self, actor_channel: Channel) -> int:
         """Moves every trajectory waiting in the channel into the buffer; returns rows added."""

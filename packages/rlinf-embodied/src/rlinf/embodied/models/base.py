@@ -131,6 +131,25 @@ class BasePolicy(nn.Module, ABC):
         """Float32 zeros ``[batch, V]``: the values of a policy without a value head."""
         return torch.zeros(batch, self.value_dim, device=device, dtype=torch.float32)
 
+    def _check_values_requested(self, has_head: bool) -> None:
+        """Raises ``ValueError`` unless ``cfg.add_value_head`` is set and the model has a head."""
+        if not (self.cfg.add_value_head and has_head):
+            raise ValueError(
+                "values were requested but the policy has no value head; set "
+                "actor.model.add_value_head: true (GAE needs it; a VLA's model must have one "
+                "too) or do not compute values"
+            )
+
+    @staticmethod
+    def _require_stored(forward_inputs: Mapping[str, Tensor], *keys: str) -> None:
+        """Raises ``KeyError`` if ``forward_inputs`` lacks the stored entries ``keys``."""
+        missing = [key for key in keys if key not in forward_inputs]
+        if missing:
+            raise KeyError(
+                f"forward_inputs lacks {missing}; pass the forward_inputs returned by "
+                "predict_action_batch"
+            )
+
     @abstractmethod
     def predict_action_batch(
         self,
@@ -349,6 +368,10 @@ class ActorCriticPolicy(BasePolicy):
             for key, value in inputs.items()
         }
 
+    def _features(self, obs: Mapping[str, Any]) -> Tensor:
+        """Encoder features ``[n, F]`` of the entries of ``obs`` this policy reads."""
+        return self._encode(self._to_device(self._select_inputs(obs)))
+
     def _values(self, features: Tensor) -> Tensor:
         if self.value_head is None:
             return self._zero_values(features.shape[0], features.device)
@@ -362,24 +385,12 @@ class ActorCriticPolicy(BasePolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> PolicyOutput:
-        """Samples (``train``) or picks the mode of (``eval``) an action chunk.
+        """See :meth:`BasePolicy.predict_action_batch`.
 
-        Without a value head, ``prev_values`` are zeros ``[n, V]``.
-
-        Args:
-            obs: Observations (see :class:`BasePolicy`).
-            mode: ``train`` or ``eval``.
-            generator: Random generator for sampling.
-
-        Returns:
-            The action chunk and what training needs to recompute its statistics,
-            on the policy's device. ``forward_inputs`` holds the observation entries
-            read (on the device they came on, so CPU images are not copied back;
-            states as float32, images as uint8) plus ``action`` (``[n, C, A]``
-            float32, or ``[n, C, 1]`` int64 indices for discrete actions).
-
-        Raises:
-            ValueError: Unknown ``mode`` or malformed observations.
+        ``prev_values`` are zeros without a value head. ``forward_inputs`` holds the
+        observation entries read (on the device they came on, so CPU images are not copied
+        back; states as float32, images as uint8) plus ``action`` (``[n, C, A]`` float32,
+        or ``[n, C, 1]`` int64 indices for discrete actions).
         """
         _, complete = self.predict_actions_first(obs, mode, generator=generator)
         return complete()
@@ -392,22 +403,11 @@ class ActorCriticPolicy(BasePolicy):
         generator: torch.Generator | None = None,
         values: bool = True,
     ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
-        """Samples the action chunk; ``complete()`` then runs the value head.
+        """See :meth:`BasePolicy.predict_actions_first`; ``complete()`` runs the value head.
 
         The value head is a network of its own (on the encoder's features), so a
-        rollout worker can run it after the actions are on their way to the env.
-
-        Args:
-            obs: Observations (see :class:`BasePolicy`).
-            mode: ``train`` or ``eval``.
-            generator: Random generator for sampling.
-            values: False: ``complete()`` skips the value head (``prev_values`` None).
-
-        Returns:
-            ``(actions, complete)`` (see :meth:`BasePolicy.predict_actions_first`).
-
-        Raises:
-            ValueError: Unknown ``mode`` or malformed observations.
+        rollout worker can run it after the actions are on their way to the env;
+        with ``values`` False ``complete()`` skips it (``prev_values`` None).
         """
         self._check_mode(mode)
         with torch.no_grad():
@@ -437,37 +437,15 @@ class ActorCriticPolicy(BasePolicy):
         compute_entropy: bool = False,
         compute_values: bool = False,
     ) -> dict[str, Tensor]:
-        """Recomputes logprobs, entropy and values from stored forward inputs.
-
-        Args:
-            forward_inputs: Observation entries plus ``action`` (as produced by
-                :meth:`predict_action_batch`, possibly re-batched).
-            compute_logprobs: Return ``logprobs``.
-            compute_entropy: Return ``entropy``.
-            compute_values: Return ``values``.
-
-        Returns:
-            The requested entries (float32, with gradients).
-
-        Raises:
-            KeyError: ``action`` is missing while logprobs are requested.
-            ValueError: Values are requested from a policy built without a value head.
-        """
-        if compute_values and self.value_head is None:
-            raise ValueError(
-                "values were requested but the policy has no value head; set "
-                "actor.model.add_value_head: true (GAE needs it) or do not compute values"
-            )
-        features = self._encode(self._to_device(self._select_inputs(forward_inputs)))
+        """See :meth:`BasePolicy.default_forward` (``forward_inputs`` must hold ``action``)."""
+        if compute_values:
+            self._check_values_requested(self.value_head is not None)
+        features = self._features(forward_inputs)
         out: dict[str, Tensor] = {}
         if compute_logprobs or compute_entropy:
             params = self.action_head(self.actor_backbone(features))
             if compute_logprobs:
-                if "action" not in forward_inputs:
-                    raise KeyError(
-                        "forward_inputs has no 'action' entry; pass the forward_inputs "
-                        "returned by predict_action_batch"
-                    )
+                self._require_stored(forward_inputs, "action")
                 action = forward_inputs["action"].to(params.device)
                 out["logprobs"] = self.action_head.log_prob(params, action)
             if compute_entropy:
@@ -483,33 +461,19 @@ class ActorCriticPolicy(BasePolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Mean negative log-likelihood of expert chunks under the action head.
+        """Mean negative log-likelihood of expert chunks (discrete: indices as floats).
 
-        Args:
-            obs: Observations (see :class:`BasePolicy`).
-            actions: ``[n, C, A]`` expert actions (discrete: indices as floats).
-            generator: Unused (the likelihood is exact).
-
-        Returns:
-            The scalar loss, with gradients.
+        See :meth:`BasePolicy.behaviour_cloning_loss`; ``generator`` is unused.
         """
-        features = self._encode(self._to_device(self._select_inputs(obs)))
-        params = self.action_head(self.actor_backbone(features))
+        params = self.action_head(self.actor_backbone(self._features(obs)))
         target = actions.to(params.device)
         target = target.round().long() if self.spec.discrete else target.float()
         return -self.action_head.log_prob(params, target).mean()
 
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
-        """Values ``[n, V]`` of ``obs`` without gradients (zeros without a value head).
-
-        Args:
-            obs: Observations (see :class:`BasePolicy`).
-
-        Returns:
-            float32 values on the policy's device.
-        """
+        """Float32 values ``[n, V]`` without gradients (zeros without a value head)."""
         with torch.no_grad():
-            return self._values(self._encode(self._to_device(self._select_inputs(obs))))
+            return self._values(self._features(obs))
 
 
 def _first_parameter(module: nn.Module) -> Tensor:

@@ -105,12 +105,7 @@ class CNNPolicy(ActorCriticPolicy):
 
     @classmethod
     def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
-        """Requires image observations (``spec.image_shape``).
-
-        Args:
-            cfg: The policy config.
-            spec: The env spec.
-        """
+        """Requires image observations (``spec.image_shape``)."""
         super().check_spec(cfg, spec)
         if spec.image_shape is None:
             raise ValueError(

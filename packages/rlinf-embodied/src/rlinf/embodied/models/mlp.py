@@ -41,12 +41,7 @@ class MLPPolicy(ActorCriticPolicy):
 
     @classmethod
     def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
-        """Requires state observations (``spec.state_dim``).
-
-        Args:
-            cfg: The policy config.
-            spec: The env spec.
-        """
+        """Requires state observations (``spec.state_dim``)."""
         super().check_spec(cfg, spec)
         if spec.state_dim is None or spec.state_dim < 1:
             raise ValueError(

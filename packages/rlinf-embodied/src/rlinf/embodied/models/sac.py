@@ -21,14 +21,14 @@ Cost: three MLPs of ``hidden_dims``; the rollout runs only the actor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from rlinf.core.protocols.embodied import EnvSpec, PolicyOutput
 from rlinf.embodied.models.base import BasePolicy
-from rlinf.embodied.models.config import PolicyConfig
+from rlinf.embodied.models.config import Activation, PolicyConfig
 from rlinf.embodied.models.heads import build_mlp, gaussian_log_prob
 from rlinf.embodied.models.registry import register_policy
 
@@ -46,8 +46,8 @@ def _torch_default_init(_: nn.Module) -> None:
     """Keeps PyTorch's default Linear init (what reference SAC implementations use)."""
 
 
-def _mlp(in_dim: int, hidden: list[int], activation: str, out_dim: int) -> nn.Sequential:
-    body, width = build_mlp(in_dim, hidden, activation, init=_torch_default_init)  # type: ignore[arg-type]
+def _mlp(in_dim: int, hidden: Sequence[int], activation: Activation, out_dim: int) -> nn.Sequential:
+    body, width = build_mlp(in_dim, hidden, activation, init=_torch_default_init)
     return nn.Sequential(*body, nn.Linear(width, out_dim))
 
 
@@ -72,12 +72,7 @@ class SACPolicy(BasePolicy):
         assert spec.state_dim is not None and spec.action_low is not None  # check_spec
         assert spec.action_high is not None
         a, s, hidden = spec.action_dim, spec.state_dim, list(cfg.hidden_dims)
-        self.actor_backbone, width = build_mlp(
-            s,
-            hidden,
-            cfg.activation,
-            init=_torch_default_init,
-        )
+        self.actor_backbone, width = build_mlp(s, hidden, cfg.activation, init=_torch_default_init)
         self.mean_head = nn.Linear(width, a)
         self.log_std_head = nn.Linear(width, a)
         self.q1 = _mlp(s + a, hidden, cfg.activation, 1)
@@ -89,12 +84,7 @@ class SACPolicy(BasePolicy):
 
     @classmethod
     def check_spec(cls, cfg: PolicyConfig, spec: EnvSpec) -> None:
-        """Requires states, bounded continuous actions and one action per chunk.
-
-        Args:
-            cfg: The policy config.
-            spec: The env spec.
-        """
+        """Requires states, bounded continuous actions and one action per chunk."""
         super().check_spec(cfg, spec)
         if spec.num_actions is not None:
             raise ValueError(
@@ -185,19 +175,11 @@ class SACPolicy(BasePolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> PolicyOutput:
-        """Acts: ``train`` samples, ``eval`` is ``tanh(mean)``, ``random`` is uniform.
+        """See :meth:`BasePolicy.predict_action_batch`; ``mode`` may also be ``random``.
 
-        Args:
-            obs: ``states`` [n, state_dim].
-            mode: ``train``, ``eval`` or ``random``.
-            generator: Random generator for sampling.
-
-        Returns:
-            Actions ``[n, 1, A]``; zero ``prev_logprobs`` ``[n, A]`` and ``prev_values``
-            ``[n, V]`` (SAC does not use them); ``forward_inputs`` ``{"states"}``.
-
-        Raises:
-            ValueError: Unknown ``mode``.
+        ``train`` samples, ``eval`` is ``tanh(mean)``, ``random`` is uniform in the
+        bounds. ``prev_logprobs`` ``[n, A]`` and ``prev_values`` are zeros (SAC does
+        not use them); ``forward_inputs`` is ``{"states"}``.
         """
         if mode not in SAC_MODES:
             raise ValueError(f"mode={mode!r} is not one of {SAC_MODES}")

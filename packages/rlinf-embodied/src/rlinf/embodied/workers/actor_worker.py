@@ -228,15 +228,8 @@ class EmbodiedFSDPActor(Worker):
 
         With online scaling (``base_world_size`` < the group's world size) only the
         base ranks build them now; the extra ranks start empty and build the grown
-        parts at the first :meth:`scale_up`.
-
-        Args:
-            cfg: The run config (the runner's).
-            spec: The train env's spec.
-            rollout_group: Name of the rollout group (receives the weights).
-            rollout_world_size: Rollout ranks.
-            env_world_size: Env ranks (for the trajectory routing).
-            offload: Offload optimizer state between phases (collocated mode).
+        parts at the first :meth:`scale_up`. ``offload``: offload the optimizer state
+        between phases (collocated mode).
 
         Raises:
             ValueError: Online scaling with ``offload`` (the runner refuses it first).
@@ -484,10 +477,7 @@ class EmbodiedFSDPActor(Worker):
 
         Every actor rank takes part in gathering the shards; rank 0 sends. A policy
         whose frozen parameters come from ``model_path`` (LoRA) sends only its
-        trainable tensors and buffers.
-
-        Returns:
-            The weight version sent (the global step).
+        trainable tensors and buffers. Returns the version sent (the global step).
         """
         # Collocated (offloading), the gather uses the shared devices: hold their lock
         # (the parameters stay on the device, so there is nothing to onload).
@@ -508,14 +498,7 @@ class EmbodiedFSDPActor(Worker):
     # ------------------------------------------------------------------ data
 
     def recv_rollout_batch(self, actor_channel: Channel) -> dict[str, int]:
-        """Receives this rank's trajectory pieces of the current rollout.
-
-        Args:
-            actor_channel: Env -> actor channel (key: this rank).
-
-        Returns:
-            ``{"num_envs": B, "chunk_steps": T}`` of the received batch.
-        """
+        """Receives this rank's trajectory pieces; returns ``{"num_envs": B, "chunk_steps": T}``."""
         _, per_actor = actor_pieces(
             self.world_size, self._env_world_size, self.cfg.rollout.pipeline_stage_num
         )
@@ -610,9 +593,8 @@ class EmbodiedFSDPActor(Worker):
     def compute_advantages_and_returns(self) -> dict[str, float]:
         """Advantages (and value targets for GAE) of the received batch.
 
-        Returns:
-            ``rollout/*`` metrics (reduced over actor ranks): mean valid reward,
-            advantage and return mean/max/min.
+        Returns ``rollout/*`` metrics (reduced over actor ranks): mean valid reward,
+        advantage and return mean/max/min.
         """
         self._require_grown("compute_advantages_and_returns")
         batch = self._require_batch()
@@ -677,8 +659,7 @@ class EmbodiedFSDPActor(Worker):
     def run_training(self) -> dict[str, float]:
         """PPO/GRPO update epochs on the received batch (see the module docstring).
 
-        Returns:
-            ``train/*`` metrics averaged over micro batches, then over actor ranks.
+        Returns ``train/*`` metrics averaged over micro batches, then over actor ranks.
         """
         self._require_grown("run_training")
         model, optimizer, scheduler = self._parts()
@@ -873,10 +854,6 @@ class EmbodiedFSDPActor(Worker):
         """Writes model and optimizer shards, scheduler, step and RNG under ``path/actor``.
 
         Collective over actor ranks; the layout is :mod:`rlinf.core.train_state`'s.
-
-        Args:
-            path: The checkpoint folder (``.../global_step_N``).
-            step: The global step.
         """
         model, optimizer, scheduler = self._parts()
         extra = {
@@ -896,14 +873,7 @@ class EmbodiedFSDPActor(Worker):
             )
 
     def load_checkpoint(self, path: str) -> int:
-        """Restores what :meth:`save_checkpoint` wrote.
-
-        Args:
-            path: The checkpoint folder.
-
-        Returns:
-            The global step it was saved at.
-        """
+        """Restores what :meth:`save_checkpoint` wrote; returns the global step saved."""
         model, optimizer, scheduler = self._parts()
         with self.device_phase(lock=False, offload=self._offload):
             extra = load_train_state(

@@ -178,14 +178,7 @@ class EnvWorker(Worker):
         self.host = PolicyHost(cfg, spec, self.rank, select_device())
 
     def sync_model_from_actor(self) -> int:
-        """Receives the actor's weights into the in-process policy (broadcast from actor rank 0).
-
-        Returns:
-            The new weight version.
-
-        Raises:
-            RuntimeError: :meth:`init_policy` has not run.
-        """
+        """Receives the actor's weights into the :meth:`init_policy` policy; returns the version."""
         timeout = self.cfg.runner.channel_timeout_s
         return self._require_host().sync_from_actor(self, self._actor_group, timeout)
 
@@ -386,14 +379,8 @@ class EnvWorker(Worker):
     ) -> dict[str, list[float]]:
         """Runs the eval envs from their deterministic seeds with the rollout in eval mode.
 
-        Args:
-            obs_channel: Env -> rollout observations.
-            action_channel: Rollout -> env action chunks.
-            merged: Run the stages as one stream (see :meth:`interact`).
-            step: Global step (see :meth:`interact`).
-
-        Returns:
-            Per metric, the values of every eval episode that finished.
+        The arguments are :meth:`interact`'s. Returns, per metric, the values of
+        every eval episode that finished.
 
         Raises:
             RuntimeError: The run has no eval envs (``env.eval`` is null).
@@ -442,10 +429,6 @@ class EnvWorker(Worker):
         classic control), so a resumed ``auto_reset`` run continues the same
         episodes; otherwise only the reset-seed schedule is saved and the
         resumed run starts new episodes (see ``docs/embodied.md``).
-
-        Args:
-            path: The checkpoint folder (``.../global_step_N``).
-            step: The global step.
         """
         folder = Path(path) / "env"
         folder.mkdir(parents=True, exist_ok=True)
@@ -466,14 +449,7 @@ class EnvWorker(Worker):
             torch.save(state, f)
 
     def load_checkpoint(self, path: str) -> int:
-        """Restores this rank's env state saved by :meth:`save_checkpoint`.
-
-        Args:
-            path: The checkpoint folder.
-
-        Returns:
-            The step it was saved at.
-        """
+        """Restores this rank's env state saved by :meth:`save_checkpoint`; returns its step."""
         file = Path(path) / "env" / f"rank_{self.rank}.pt"
         state = torch.load(file, weights_only=False)
         stages = self.cfg.rollout.pipeline_stage_num

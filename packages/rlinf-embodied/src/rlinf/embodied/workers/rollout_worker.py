@@ -96,11 +96,7 @@ class MultiStepRolloutWorker(Worker):
     # ------------------------------------------------------------------ weights
 
     def sync_model_from_actor(self) -> int:
-        """Receives the actor's weights (broadcast from actor rank 0).
-
-        Returns:
-            The new weight version.
-        """
+        """Receives the actor's weights (broadcast from actor rank 0); returns their version."""
         timeout = self.cfg.runner.channel_timeout_s
         return self._require_host().sync_from_actor(self, self._actor_group, timeout)
 

@@ -131,13 +131,8 @@ class EmbodiedSACActor(Worker):
     ) -> None:
         """(Re)builds the policy, target critics, optimizers and an empty replay buffer.
 
-        Args:
-            cfg: The run config (the runner's).
-            spec: The train env's spec.
-            rollout_group: Name of the rollout group (receives the weights).
-            rollout_world_size: Rollout ranks.
-            env_world_size: Env ranks (unused: one actor rank takes every piece).
-            offload: Unused (SAC keeps its small models on the device).
+        ``env_world_size`` and ``offload`` are unused: one actor rank takes every
+        piece, and SAC keeps its small models on the device.
 
         Raises:
             RuntimeError: More than one actor rank.
@@ -208,11 +203,7 @@ class EmbodiedSACActor(Worker):
     # ------------------------------------------------------------------ weights
 
     def sync_model_to_rollout(self) -> int:
-        """Broadcasts the policy's weights to every rollout rank.
-
-        Returns:
-            The weight version sent (train steps done).
-        """
+        """Broadcasts the policy's weights to every rollout rank; returns the train steps done."""
         model, _ = self._parts()
         timeout = self.cfg.runner.channel_timeout_s
         send = self.broadcast_sender(self._rollout_group, self._rollout_world_size, timeout)
@@ -238,14 +229,7 @@ class EmbodiedSACActor(Worker):
         return added
 
     def ingest(self, actor_channel: Channel) -> int:
-        """Moves every trajectory piece waiting in the channel into the buffer (no waiting).
-
-        Args:
-            actor_channel: Env -> actor channel (key: this rank).
-
-        Returns:
-            Transitions added.
-        """
+        """Moves the pieces waiting in the channel into the buffer (no wait); returns rows added."""
         items: list[tuple[int, Trajectory]] = []
         with self.worker_timer("ingest"):
             while True:
@@ -271,9 +255,6 @@ class EmbodiedSACActor(Worker):
 
     def train_step(self, actor_channel: Channel) -> dict[str, float]:
         """Ingests, waits for enough env steps, then runs ``updates_per_step`` updates.
-
-        Args:
-            actor_channel: Env -> actor channel.
 
         Returns:
             ``train/*`` means over the step's updates (``q_loss``, ``actor_loss``,
@@ -365,12 +346,7 @@ class EmbodiedSACActor(Worker):
         }
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        """Writes the whole SAC state (replay buffer included) to ``path/actor/sac.pt``.
-
-        Args:
-            path: The checkpoint folder (``.../global_step_N``).
-            step: The global step.
-        """
+        """Writes the whole SAC state (replay buffer included) to ``path/actor/sac.pt``."""
         folder = Path(path) / "actor"
         folder.mkdir(parents=True, exist_ok=True)
         with self.worker_timer("save_checkpoint"):
@@ -379,14 +355,7 @@ class EmbodiedSACActor(Worker):
                 torch.save(state, f)
 
     def load_checkpoint(self, path: str) -> int:
-        """Restores what :meth:`save_checkpoint` wrote.
-
-        Args:
-            path: The checkpoint folder.
-
-        Returns:
-            The global step it was saved at.
-        """
+        """Restores what :meth:`save_checkpoint` wrote; returns the global step saved."""
         model, target = self._parts()
         state = torch.load(Path(path) / "actor" / "sac.pt", weights_only=False)
         model.load_state_dict(state["model"])

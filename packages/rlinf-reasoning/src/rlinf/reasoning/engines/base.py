@@ -21,11 +21,12 @@ Conventions shared by all backends:
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -175,17 +176,32 @@ class RolloutEngine(Protocol):
 class LibEngine:
     """Base of the engines that serve a model directory through a library (vLLM, SGLang)."""
 
-    library: ClassVar[str]  # its name in messages; its config is rollout.<lowercase name>
+    library: ClassVar[str]  # its name in messages; its module and rollout.<config> in lowercase
+    _unreadable: ClassVar[str]  # why its weights cannot be read back, and what to do instead
     weights_readable = False
     """Engine weights cannot be read back: a sync is checked by :meth:`expected_weight_names`."""
     model_path: Path
+    dtype: torch.dtype
+    version: int
     _offloaded: bool
     _expected: frozenset[str] | None = None  # read once, by expected_weight_names
+    _repr_fields: ClassVar[tuple[str, ...]] = ()  # attributes __repr__ shows after the dtype
 
     @property
     def is_offloaded(self) -> bool:
         """Whether :meth:`offload` was called without a matching :meth:`onload`."""
         return self._offloaded
+
+    def weights_max_abs_diff(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Not available (see :attr:`weights_readable`).
+
+        Raises:
+            NotImplementedError: Always; compare generations instead.
+        """
+        raise NotImplementedError(
+            f"{self.library}'s weights cannot be read back {self._unreadable}, or set "
+            "rollout.validate_weight_first_sync: false"
+        )
 
     def expected_weight_names(self) -> set[str]:
         """Hugging Face names of every tensor in the model directory's safetensors."""
@@ -215,10 +231,28 @@ class LibEngine:
         return prompts
 
     @classmethod
+    def _import_library(cls, install: str) -> Any:
+        """Imports the library; raises an ``ImportError`` that says how to ``install`` it."""
+        name = cls.library.lower()
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(
+                f"rollout.engine: {name} needs {cls.library} ({exc}): {install}"
+            ) from exc
+
+    @classmethod
     def _start_error(cls, path: Path, exc: Exception) -> RuntimeError:
         """The error raised when the library fails to start on ``path``."""
         return RuntimeError(
             f"{cls.library} could not start on {path} ({type(exc).__name__}: {exc}); check "
             f"rollout.dtype, rollout.max_batch_size and rollout.{cls.library.lower()}, or set "
             "rollout.engine: hf"
+        )
+
+    def __repr__(self) -> str:
+        extra = "".join(f"{name}={getattr(self, name)!r}, " for name in self._repr_fields)
+        return (
+            f"{type(self).__name__}(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
+            f"{extra}version={self.version}, offloaded={self._offloaded})"
         )

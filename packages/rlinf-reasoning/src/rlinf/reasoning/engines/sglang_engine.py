@@ -89,9 +89,6 @@ _GREEDY_TEMPERATURE = 1e-6
 """SGLang treats a temperature below this as greedy (``SamplingParams.__post_init__``)."""
 _ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 _SEED_MIX = 0x9E3779B97F4A7C15
-_INSTALL = (
-    'pip install "rlinf-reasoning[sglang]" on a machine with a CUDA GPU, or set rollout.engine: hf'
-)
 
 
 def engine_kwargs(
@@ -283,14 +280,6 @@ def _check_environment() -> None:
         )
 
 
-def _import_sglang() -> Any:
-    try:
-        import sglang
-    except ImportError as exc:
-        raise ImportError(f"rollout.engine: sglang needs SGLang ({exc}): {_INSTALL}") from exc
-    return sglang
-
-
 class SGLangEngine(LibEngine):
     """Rollout engine backed by SGLang's offline ``Engine`` (see the module docstring).
 
@@ -318,6 +307,10 @@ class SGLangEngine(LibEngine):
     """
 
     library = "SGLang"
+    _unreadable = (
+        "for Qwen2 (Engine.get_weights_by_name is truncated and not implemented for it); "
+        "compare generations with a fresh engine"
+    )
 
     def __init__(
         self,
@@ -338,7 +331,10 @@ class SGLangEngine(LibEngine):
         path = self._model_dir(model_path)
         cuda = _require_gpu(device)
         _check_environment()
-        sglang = _import_sglang()
+        sglang = self._import_library(
+            'pip install "rlinf-reasoning[sglang]" on a machine with a CUDA GPU, or set '
+            "rollout.engine: hf"
+        )
         torch_dtype = resolve_dtype(dtype)
         kwargs = engine_kwargs(
             path,
@@ -497,18 +493,6 @@ class SGLangEngine(LibEngine):
                 )
             self._weights_discarded = False
 
-    def weights_max_abs_diff(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Not available (see :attr:`weights_readable`).
-
-        Raises:
-            NotImplementedError: Always; compare generations instead.
-        """
-        raise NotImplementedError(
-            "SGLang's weights cannot be read back for Qwen2 (Engine.get_weights_by_name is "
-            "truncated and not implemented for it); compare generations with a fresh engine, "
-            "or set rollout.validate_weight_first_sync: false"
-        )
-
     def offload(self) -> None:
         """Releases GPU memory (weights, KV cache, CUDA graphs) with SGLang's memory saver."""
         if self._offloaded:
@@ -537,15 +521,7 @@ class SGLangEngine(LibEngine):
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[GenerationOutput]:
-        """Samples ``n`` continuations of every prompt (prompt-major order).
-
-        Args:
-            prompt_ids: Unpadded token-id prompts.
-            n: Samples per prompt.
-            params: Sampling parameters (greedy needs temperature 1; see the module docstring).
-
-        Returns:
-            ``len(prompt_ids) * n`` outputs.
+        """See :meth:`RolloutEngine.generate`; greedy needs temperature 1 (module docstring).
 
         Raises:
             ValueError: Bad prompts or ``n``, or greedy decoding at a temperature other than 1.
@@ -568,12 +544,6 @@ class SGLangEngine(LibEngine):
             input_ids=requests, sampling_params=sampling, return_logprob=True
         )
         return convert_outputs(results, len(prompts), n)
-
-    def __repr__(self) -> str:
-        return (
-            f"SGLangEngine(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
-            f"version={self.version}, offloaded={self._offloaded})"
-        )
 
 
 def _check(result: Any, call: str) -> None:

