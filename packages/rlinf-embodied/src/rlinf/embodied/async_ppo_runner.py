@@ -56,13 +56,11 @@ from rlinf.core.logging import get_logger
 from rlinf.core.progress import progress_bar
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.runner import EmbodiedRunner, _devices
-from rlinf.sched import GroupFuture, wait_for_progress
+from rlinf.sched import GroupFuture
 
 __all__ = ["AsyncPPORunner", "check_async_ppo_placement"]
 
 _log = get_logger("rlinf.embodied.async_ppo_runner")
-
-_POLL_S = 1.0
 
 
 def check_async_ppo_placement(cfg: EmbodiedConfig, shared: bool) -> None:
@@ -149,21 +147,6 @@ class AsyncPPORunner(EmbodiedRunner):
         ]
         return futures, merged, time.perf_counter()
 
-    def _wait_any(self, units: list[list[GroupFuture]]) -> None:
-        """Returns once every future of one unit is done; a failed rank raises at once."""
-        deadline = time.monotonic() + self.cfg.runner.step_timeout_s
-        while True:
-            for unit in units:
-                for future in unit:
-                    if future.done():
-                        self._wait([future])  # a failed rank surfaces now
-                if all(future.done() for future in unit):
-                    return
-            wait_for_progress([f for unit in units for f in unit], _POLL_S)
-            if time.monotonic() > deadline:
-                self._wait([f for unit in units for f in unit])  # names the ranks running
-                return
-
     # ------------------------------------------------------------------ the loop
 
     def _run_attempt(self) -> dict[str, float]:
@@ -224,7 +207,7 @@ class AsyncPPORunner(EmbodiedRunner):
                         wait_s += time.perf_counter() - idle_since
                         idle_since = None
                 units = [u for u in (gen[0] if gen else None, [train[0]] if train else None) if u]
-                self._wait_any(units)
+                self._wait_any(units, time.monotonic() + cfg.step_timeout_s)
                 if gen is not None and all(f.done() for f in gen[0]):
                     finish_generation()
                 if train is None or not train[0].done():

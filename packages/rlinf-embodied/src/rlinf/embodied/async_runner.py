@@ -42,13 +42,11 @@ from rlinf.core.progress import progress_bar
 from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.core.protocols.workers import OffPolicyEmbodiedActorWorker
 from rlinf.embodied.runner import EmbodiedRunner, _episode_metrics
-from rlinf.sched import GroupFuture, wait_for_progress
+from rlinf.sched import GroupFuture
 
 __all__ = ["AsyncEmbodiedRunner", "env_gated", "update_lag_bound"]
 
 _log = get_logger("rlinf.embodied.async_runner")
-
-_POLL_S = 1.0
 
 
 def update_lag_bound(
@@ -163,25 +161,6 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
             self.env.interact(ch["rollout"], ch["env"], ch["actor"], False),
             self.rollout.generate(ch["rollout"], ch["env"], seed_step, mode, False),
         ]
-
-    def _wait_any(self, units: list[list[GroupFuture]], deadline: float) -> None:
-        """Returns once every future of one unit is done; a failed rank raises at once.
-
-        A unit is what the loop acts on as a whole (a rollout epoch is the env's and
-        the rollout's futures). Blocks on the ranks still running, so a
-        half-finished unit is not polled in a loop.
-        """
-        while True:
-            for unit in units:
-                for future in unit:
-                    if future.done():
-                        self._wait([future])  # a failed rank surfaces now, not at the timeout
-                if all(future.done() for future in unit):
-                    return
-            wait_for_progress([f for unit in units for f in unit], _POLL_S)
-            if time.monotonic() > deadline:
-                self._wait([f for unit in units for f in unit])  # names the ranks still running
-                return
 
     def save_checkpoint(self) -> Any:
         """Moves waiting trajectories into the replay buffer, then saves (see the base)."""

@@ -73,12 +73,15 @@ from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.pipelining import StageChooser, pipeline_advice
-from rlinf.sched import GroupFuture, WorkerGroup, scale_actor, wait_all
+from rlinf.sched import GroupFuture, WorkerGroup, scale_actor, wait_all, wait_for_progress
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
 _log = get_logger("rlinf.embodied.runner")
+
+_POLL_S = 1.0
+"""How often the async runners' wait for any unit looks at its futures (s)."""
 
 
 def _devices(group: WorkerGroup, ranks: Sequence[int] | None = None) -> set[tuple[Any, ...]]:
@@ -214,6 +217,25 @@ class EmbodiedRunner(ClosesOnExit):
             on_error=self._res.close_channels,
             hint=f"step {self.global_step}: raise runner.step_timeout_s if the run is just slow",
         )
+
+    def _wait_any(self, units: list[list[GroupFuture]], deadline: float) -> None:
+        """Returns once every future of one unit is done; a failed rank raises at once.
+
+        The async runners' wait: a unit is what their loop acts on as a whole (a
+        rollout epoch is the env's and the rollout's futures). Blocks on the ranks
+        still running, so a half-finished unit is not polled in a loop.
+        """
+        while True:
+            for unit in units:
+                for future in unit:
+                    if future.done():
+                        self._wait([future])  # a failed rank surfaces now, not at the timeout
+                if all(future.done() for future in unit):
+                    return
+            wait_for_progress([f for unit in units for f in unit], _POLL_S)
+            if time.monotonic() > deadline:
+                self._wait([f for unit in units for f in unit])  # names the ranks still running
+                return
 
     def init_workers(self, resume_dir: str | Path | None = None) -> None:
         """Builds envs, policies and optimizer on every rank, then resumes if asked.

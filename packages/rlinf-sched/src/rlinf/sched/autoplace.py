@@ -40,7 +40,7 @@ of the model (keep them in mind when reading its numbers):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from rlinf.core.autoplace import PlacementCandidate
@@ -135,12 +135,16 @@ def component_world_size(
     raise ValueError(f"cluster.component_placement does not place {component!r}")
 
 
-def _check_costs(costs: dict[str, float], slots: int) -> None:
-    for name, value in costs.items():
-        if not value >= 0.0:  # also refuses NaN
-            raise ValueError(f"profile {name}={value!r}: a cost must be a number of seconds >= 0")
-    if slots < 1:
-        raise ValueError(f"profile slots={slots!r}: the costs must come from >= 1 slot")
+def _check_costs(profile: EmbodiedProfile | ReasoningProfile) -> None:
+    """Refuses a profile's negative or NaN ``*_s`` costs (named ``*_cost``) and ``slots < 1``."""
+    for f in fields(profile):
+        value = getattr(profile, f.name)
+        if f.name.endswith("_s") and not value >= 0.0:  # also refuses NaN
+            raise ValueError(
+                f"profile {f.name[:-2]}_cost={value!r}: a cost must be a number of seconds >= 0"
+            )
+    if profile.slots < 1:
+        raise ValueError(f"profile slots={profile.slots!r}: the costs must come from >= 1 slot")
 
 
 # ---------------------------------------------------------------------- embodied
@@ -175,17 +179,7 @@ class EmbodiedProfile:
     rounds: int = 1
 
     def __post_init__(self) -> None:
-        _check_costs(
-            {
-                "env_cost": self.env_s,
-                "rollout_cost": self.rollout_s,
-                "actor_cost": self.actor_s,
-                "sync_cost": self.sync_s,
-                "handoff_cost": self.handoff_s,
-                "overhead_cost": self.overhead_s,
-            },
-            self.slots,
-        )
+        _check_costs(self)
         if self.rounds < 1:
             raise ValueError(f"profile rounds={self.rounds!r}: a rollout has >= 1 chunk step")
 
@@ -366,17 +360,7 @@ class ReasoningProfile:
     overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_costs(
-            {
-                "rollout_cost": self.rollout_s,
-                "reward_cost": self.reward_s,
-                "inference_cost": self.inference_s,
-                "actor_cost": self.actor_s,
-                "sync_cost": self.sync_s,
-                "overhead_cost": self.overhead_s,
-            },
-            self.slots,
-        )
+        _check_costs(self)
         if self.groups < 1:
             raise ValueError(f"profile groups={self.groups!r}: a step has >= 1 prompt group")
 

@@ -12,6 +12,7 @@ from rlinf.core.protocols.embodied import (
     RolloutBatch,
     Trajectory,
 )
+from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.protocols.runner import Runner
 from rlinf.core.protocols.workers import (
     CheckpointableWorker,
@@ -42,12 +43,9 @@ __all__ = [
     "ReasoningRewardWorker",
     "ReasoningRolloutWorker",
     "RolloutBatch",
+    "RolloutRequest",
+    "RolloutResult",
     "Runner",
     "Trajectory",
     "check_implements",
 ]
-
-# Reasoning messages (one prompt group per channel item).
-from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
-
-__all__ += ["RolloutRequest", "RolloutResult"]

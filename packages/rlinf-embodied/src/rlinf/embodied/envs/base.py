@@ -223,6 +223,14 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         """Video frame rate when ``video.fps`` is null."""
         return 30.0
 
+    def _refuse_gpu(self, env_type: str, why: str) -> None:
+        """Raises for ``sim_backend: gpu`` in a CPU-only simulator (``why`` says where it runs)."""
+        if self.cfg.sim_backend == "gpu":
+            raise ValueError(
+                f"sim_backend='gpu' is not available for env_type {env_type!r} ({why}); "
+                "set sim_backend to 'auto' or 'cpu'"
+            )
+
     # ------------------------------------------------------------------ seeds
 
     @property

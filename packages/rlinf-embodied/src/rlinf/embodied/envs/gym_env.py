@@ -38,11 +38,7 @@ class GymVectorEnv(VectorEnv):
 
     def _setup(self) -> EnvSpec:
         cfg = self.cfg
-        if cfg.sim_backend == "gpu":
-            raise ValueError(
-                f"sim_backend='gpu' is not available for env_type 'gym' ({cfg.env_id}); "
-                "set sim_backend to 'auto' or 'cpu'"
-            )
+        self._refuse_gpu("gym", cfg.env_id)
         os.environ.setdefault("MUJOCO_GL", "egl")
         gym = import_simulator("gymnasium", "mujoco", "gym")
         try:
@@ -157,10 +153,8 @@ class GymVectorEnv(VectorEnv):
         for env_id, seed in zip(env_ids, seeds, strict=True):
             raw, _ = self._envs[env_id].reset(seed=int(seed))
             self._states[env_id] = self._flat(raw)
-            if self._rgb:
-                frame = self._render(int(env_id))
-                assert self._images is not None
-                self._images[env_id] = frame
+            if self._images is not None:
+                self._images[env_id] = self._render(int(env_id))
         return {k: v[torch.from_numpy(env_ids)] for k, v in self._current_obs().items()}
 
     def _step_envs(self, actions: torch.Tensor, active: NDArray[Any]) -> StepResult:
@@ -186,10 +180,8 @@ class GymVectorEnv(VectorEnv):
             if flag is not None:
                 self._success_seen = True
                 success[env_id] = bool(flag)
-            if self._rgb:
-                frame = self._render(int(env_id))
-                assert self._images is not None
-                self._images[env_id] = frame
+            if self._images is not None:
+                self._images[env_id] = self._render(int(env_id))
         return StepResult(
             obs=self._current_obs(),
             rewards=rewards,

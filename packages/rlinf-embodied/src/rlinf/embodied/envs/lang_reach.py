@@ -80,11 +80,7 @@ class LangReachEnv(VectorEnv):
                 f"env_id {cfg.env_id!r} is not a lang_reach layout; use env_id: fixed "
                 "(each colour on its own corner) or env_id: random (colours dealt per episode)"
             )
-        if cfg.sim_backend == "gpu":
-            raise ValueError(
-                "sim_backend='gpu' is not available for env_type 'lang_reach' (it runs in "
-                "torch on the CPU); set sim_backend to 'auto' or 'cpu'"
-            )
+        self._refuse_gpu("lang_reach", "it runs in torch on the CPU")
         extra = set(cfg.env_kwargs) - {"reward", "wrist_camera"}
         if extra:
             raise ValueError(

@@ -84,15 +84,7 @@ def make_env(
     seed_offset: int = 0,
     stage_id: int = 0,
 ) -> VectorEnv:
-    """Builds the vectorized env that ``cfg.env_type`` names.
-
-    Args:
-        cfg: The env config.
-        num_envs: Envs to build; defaults to ``cfg.num_envs``. Must be a multiple of
-            ``cfg.group_size``.
-        seed_offset: Distinguishes env instances that share a config (``rank * stages +
-            stage``): their reset seeds differ.
-        stage_id: Pipeline stage written into every :class:`EnvOutput`.
+    """Builds the vectorized env that ``cfg.env_type`` names (arguments: see :class:`VectorEnv`).
 
     Returns:
         The env; call ``reset()`` before ``chunk_step()``.

@@ -67,11 +67,7 @@ class RobosuiteVectorEnv(VectorEnv):
 
     def _setup(self) -> EnvSpec:
         cfg = self.cfg
-        if cfg.sim_backend == "gpu":
-            raise ValueError(
-                "sim_backend='gpu' is not available for env_type 'robosuite' (MuJoCo runs on "
-                "the CPU); set sim_backend to 'auto' or 'cpu'"
-            )
+        self._refuse_gpu("robosuite", "MuJoCo runs on the CPU")
         os.environ.setdefault("MUJOCO_GL", "egl")
         mujoco = import_simulator("mujoco", "robosuite", "robosuite")
         if mujoco.__version__ != _MUJOCO_VERSION:

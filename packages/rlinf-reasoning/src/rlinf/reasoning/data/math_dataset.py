@@ -173,14 +173,19 @@ def _read_records(path: Path) -> list[_Record]:
     return records
 
 
-def _answers_of(record: _Record, key: str) -> list[str]:
+def _field(record: _Record, key: str, what: str) -> Any:
+    """``record.data[key]``, the record's ``what`` (``"prompt"`` or ``"answer"``)."""
     if key not in record.data:
         raise DatasetError(
-            f"{record.location}: record has no answer key {key!r} (data.answer_key); "
-            f"available keys: {sorted(record.data)}. Set data.answer_key to the key that "
-            "holds the answer"
+            f"{record.location}: record has no {what} key {key!r} (data.{what}_key); "
+            f"available keys: {sorted(record.data)}. Set data.{what}_key to the key that "
+            f"holds the {what}"
         )
-    value = record.data[key]
+    return record.data[key]
+
+
+def _answers_of(record: _Record, key: str) -> list[str]:
+    value = _field(record, key, "answer")
     values = value if isinstance(value, list) else [value]
     answers: list[str] = []
     for v in values:
@@ -314,13 +319,7 @@ class MathDataset(Dataset[MathItem]):
 
     def _prompt_text(self, record: _Record, tokenizer: PreTrainedTokenizerBase) -> str:
         key = self.cfg.prompt_key
-        if key not in record.data:
-            raise DatasetError(
-                f"{record.location}: record has no prompt key {key!r} (data.prompt_key); "
-                f"available keys: {sorted(record.data)}. Set data.prompt_key to the key that "
-                "holds the prompt"
-            )
-        prompt = record.data[key]
+        prompt = _field(record, key, "prompt")
         is_chat = isinstance(prompt, list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in prompt
         )

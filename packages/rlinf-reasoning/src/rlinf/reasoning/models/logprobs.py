@@ -91,14 +91,16 @@ def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tens
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
-def _response_logits(
+def _forward(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_start: int,
     position_ids: torch.Tensor | None,
+    temperature: float,
 ) -> torch.Tensor:
-    """Runs ``model`` and returns the logits that score ``input_ids[:, response_start:]``."""
+    """Runs ``model``; returns the logits that score ``input_ids[:, response_start:]``, scaled."""
+    _check_temperature(temperature)  # before the forward pass
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
             "input_ids and attention_mask must both be [B, T]; got "
@@ -120,7 +122,7 @@ def _response_logits(
     }
     logits: torch.Tensor = model(**kwargs).logits
     # Positions [P - 1, T - 1) score tokens [P, T).
-    return logits[:, -(resp_len + 1) : -1, :]
+    return _scaled(logits[:, -(resp_len + 1) : -1, :], temperature)
 
 
 def _apply_response_mask(
@@ -170,9 +172,8 @@ def compute_token_logprobs(
     Returns:
         ``[B, T - P]`` float32 logprobs aligned with ``input_ids[:, P:]``.
     """
-    _check_temperature(temperature)
-    logits = _response_logits(model, input_ids, attention_mask, response_start, position_ids)
-    logprobs = token_logprobs_from_logits(logits, input_ids[:, response_start:], temperature)
+    scaled = _forward(model, input_ids, attention_mask, response_start, position_ids, temperature)
+    logprobs = token_logprobs_from_logits(scaled, input_ids[:, response_start:])
     return _apply_response_mask(logprobs, response_mask, response_start)
 
 
@@ -188,22 +189,14 @@ def compute_token_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like :func:`compute_token_logprobs`, plus the per-token entropy from the same forward.
 
-    Args:
-        model: A Hugging Face causal LM (accepts ``logits_to_keep``).
-        input_ids: ``[B, T]`` token ids.
-        attention_mask: ``[B, T]`` mask, 1 on real prompt and response tokens.
-        response_start: ``P``, the column where responses begin.
-        temperature: The sampling temperature used at generation time.
-        response_mask: Optional ``[B, T - P]`` (or ``[B, T]``) mask applied to both outputs.
-        position_ids: Optional ``[B, T]`` position ids.
+    Takes the arguments of :func:`compute_token_logprobs`; ``response_mask`` applies to both
+    outputs.
 
     Returns:
         ``(logprobs, entropy)``, both ``[B, T - P]`` float32; the entropy is
         :func:`rlinf.core.algorithms.entropy_from_logits` of ``logits / temperature``.
     """
-    _check_temperature(temperature)
-    logits = _response_logits(model, input_ids, attention_mask, response_start, position_ids)
-    scaled = _scaled(logits, temperature)  # once, for both outputs
+    scaled = _forward(model, input_ids, attention_mask, response_start, position_ids, temperature)
     logprobs = token_logprobs_from_logits(scaled, input_ids[:, response_start:])
     entropy = entropy_from_logits(scaled)
     return (

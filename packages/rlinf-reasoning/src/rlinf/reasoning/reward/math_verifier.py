@@ -111,6 +111,13 @@ _PHRASE_RE = re.compile(
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
 
 
+def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    last = None
+    for last in pattern.finditer(text):  # noqa: B007 - keep the last match
+        pass
+    return last
+
+
 def _match_brace(text: str, open_idx: int) -> int | None:
     r"""Index of the ``}`` closing the ``{`` at ``open_idx``, or ``None`` when unbalanced.
 
@@ -145,9 +152,7 @@ def _box_content(text: str, start: int) -> str | None:
 
 
 def _phrase_answer(text: str) -> str | None:
-    last = None
-    for last in _PHRASE_RE.finditer(text):  # noqa: B007 - keep the last match
-        pass
+    last = _last_match(_PHRASE_RE, text)
     if last is None:
         return None
     line_end = text.find("\n", last.end())
@@ -183,21 +188,14 @@ def extract_boxed_answer(text: str, *, use_last_number: bool = True) -> str | No
         >>> extract_boxed_answer("The answer is 42.")
         '42'
     """
-    last_box = None
-    for last_box in _BOX_RE.finditer(text):  # noqa: B007 - keep the last match
-        pass
+    last_box = _last_match(_BOX_RE, text)
     if last_box is not None:
         return _box_content(text, last_box.end())
     phrase = _phrase_answer(text)
     if phrase is not None:
         return phrase
-    if use_last_number:
-        last_num = None
-        for last_num in _NUMBER_RE.finditer(text):  # noqa: B007 - keep the last match
-            pass
-        if last_num is not None:
-            return last_num.group()
-    return None
+    last_num = _last_match(_NUMBER_RE, text) if use_last_number else None
+    return last_num.group() if last_num is not None else None
 
 
 def reference_answer(reference: str) -> str:

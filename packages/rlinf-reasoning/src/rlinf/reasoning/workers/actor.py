@@ -117,7 +117,7 @@ from rlinf.reasoning.models import (
     load_causal_lm,
     resolve_dtype,
 )
-from rlinf.reasoning.workers.batch import Sample, group_key, pack_samples, pad_rows
+from rlinf.reasoning.workers.batch import PackedBatch, Sample, group_key, pack_samples, pad_rows
 from rlinf.reasoning.workers.common import setup_torch_threads
 from rlinf.sched import Worker
 
@@ -224,18 +224,22 @@ class FSDPActor(Worker):
             from torch.distributed.device_mesh import init_device_mesh
 
             self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
-        self._check_positions(getattr(model.config, "max_position_embeddings", None))
-        if cfg.actor.gradient_checkpointing:
-            enable: Any = model.gradient_checkpointing_enable
-            enable()
-        self.model = self._shard(model)
+        self.model = self._shard(self._load_model())
         if cfg.needs_ref_model:
             ref = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
             ref.requires_grad_(False)
             self.ref_model = self._shard(ref)
             self.ref_model.eval()
+
+    def _load_model(self) -> nn.Module:
+        """The HF model of ``actor.model_path``; checks positions, sets ``pad_token_id``."""
+        model = load_causal_lm(self.cfg.actor.model_path, dtype=self.dtype, device=self.device)
+        self._check_positions(getattr(model.config, "max_position_embeddings", None))
         self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        if self.cfg.actor.gradient_checkpointing:
+            enable: Any = model.gradient_checkpointing_enable
+            enable()
+        return model
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the model's parameters; the LR schedule drives its param groups."""
@@ -292,14 +296,7 @@ class FSDPActor(Worker):
         and :meth:`scale_down` copies it back. On a GPU they wait in host memory
         between training phases (unchecked).
         """
-        cfg = self.cfg
-        model = load_causal_lm(cfg.actor.model_path, dtype=self.dtype, device=self.device)
-        self._check_positions(getattr(model.config, "max_position_embeddings", None))
-        self.pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        if cfg.actor.gradient_checkpointing:
-            enable: Any = model.gradient_checkpointing_enable
-            enable()
-        grown = self._shard(model, self._meshes.world_mesh)
+        grown = self._shard(self._load_model(), self._meshes.world_mesh)
         grown.train()
         optimizer = self._adamw(grown)
         self._grown_parts = TrainParts(grown, optimizer, self._lambda_lr(optimizer))
@@ -307,7 +304,8 @@ class FSDPActor(Worker):
             park(self._grown_parts, torch.device("cpu"))
 
     def _require_state(self, method: str) -> None:
-        require_state(method, self.rank, self.base_world_size, self.holds_state, "model")
+        active = self._grown or self.rank < self.base_world_size
+        require_state(method, self.rank, self.base_world_size, active, "model")
 
     def _counters(self) -> dict[str, int]:
         """The small counters that travel with the state (rank 0's win)."""
@@ -326,9 +324,8 @@ class FSDPActor(Worker):
     def scale_up(self) -> dict[str, Any]:
         """Grows the actor from its base ranks onto every rank (every rank calls it).
 
-        Copies the base ranks' parameters, AdamW state, schedule and counters
-        into the grown model and optimizer (built once, at start) with
-        :func:`rlinf.core.fsdp_scaling.grow`. Afterwards :meth:`run_training`
+        Moves the base ranks' parameters, AdamW state, schedule and counters
+        onto every rank (:meth:`_grow`). Afterwards :meth:`run_training`
         splits the step's groups over all ranks.
 
         Returns:
@@ -339,6 +336,15 @@ class FSDPActor(Worker):
         """
         check_phase("scale_up", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
+        self._grow()
+        self._grown = True
+        return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
+
+    def _grow(self) -> None:
+        """Copies the base ranks' state into the grown model and optimizer (built at start).
+
+        With :func:`rlinf.core.fsdp_scaling.grow`.
+        """
         base = self.rank < self.base_world_size
         if base:  # kept for scale_down
             self._base_parts = TrainParts(self.model, self.optimizer, self.scheduler)
@@ -350,16 +356,9 @@ class FSDPActor(Worker):
         self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
         assert self._meshes.world_mesh is not None
         self.mesh = self._meshes.world_mesh
-        self._grown = True
-        return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
 
     def scale_down(self) -> dict[str, Any]:
-        """Shrinks the actor back to its base ranks (every rank calls it).
-
-        Copies the trained state back into the base ranks' model and optimizer
-        with :func:`rlinf.core.fsdp_scaling.shrink`. The extra ranks keep only
-        their idle shard of the grown model (in host memory on a GPU) for the
-        next :meth:`scale_up`.
+        """Shrinks the actor back to its base ranks (every rank calls it; :meth:`_shrink`).
 
         Returns:
             ``{"seconds", "world_size"}`` (the base world size).
@@ -369,6 +368,17 @@ class FSDPActor(Worker):
         """
         check_phase("scale_down", self.rank, self.scaling, self._grown)
         start = time.perf_counter()
+        self._shrink()
+        self._grown = False
+        return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
+
+    def _shrink(self) -> None:
+        """Copies the trained state back into the base ranks' model and optimizer.
+
+        With :func:`rlinf.core.fsdp_scaling.shrink`. The extra ranks keep only
+        their idle shard of the grown model (in host memory on a GPU) for the
+        next :meth:`scale_up`.
+        """
         base = self._base_parts if self.rank < self.base_world_size else None
         shrink(self._meshes, self._grown_parts, base, self.device)
         del self.model, self.optimizer, self.scheduler
@@ -377,8 +387,6 @@ class FSDPActor(Worker):
             assert self._meshes.base_mesh is not None
             self.mesh = self._meshes.base_mesh
         self._base_parts = None
-        self._grown = False
-        return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
     # ------------------------------------------------------------ data parallel
     @property
@@ -522,21 +530,14 @@ class FSDPActor(Worker):
     def full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full (gathered) weights as CPU tensors; every rank must call it (tests/tools)."""
         self._require_state("full_weights")
-        was_offloaded = self._offloaded
-        self.onload()
-        with torch.no_grad():
-            out = [(n, full_tensor(t).detach().cpu().clone()) for n, t in self._named_weights()]
-        if was_offloaded:
-            self.offload()
-        return out
+        with self.device_phase(lock=False, offload=self._offloaded), torch.no_grad():
+            return [(n, full_tensor(t).detach().cpu().clone()) for n, t in self._named_weights()]
 
     # ------------------------------------------------------------------ forward
     def _forward_logprobs(
         self, model: nn.Module, samples: list[Sample], *, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        packed = pack_samples(
-            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
-        ).to(self.device)
+        packed = self._pack(samples)
         inputs = (model, packed.input_ids, packed.attention_mask)
         options: dict[str, Any] = {
             "response_start": packed.response_start,
@@ -548,6 +549,11 @@ class FSDPActor(Worker):
             return lp, ent, packed.response_mask
         return compute_token_logprobs(*inputs, **options), None, packed.response_mask
 
+    def _pack(self, samples: list[Sample]) -> PackedBatch:
+        """The samples' prompts and responses packed into one batch on the device."""
+        pairs = [(s.prompt_ids, s.response_ids) for s in samples]
+        return pack_samples(pairs, self.pad_token_id).to(self.device)
+
     def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
         size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
         out: list[torch.Tensor] = []
@@ -556,12 +562,15 @@ class FSDPActor(Worker):
         try:
             with torch.no_grad():
                 for i in range(0, len(samples), size):
-                    chunk = samples[i : i + size]
-                    lp, _, _ = self._forward_logprobs(model, chunk)
-                    out += [lp[k, : s.response_length].float().cpu() for k, s in enumerate(chunk)]
+                    out += self._chunk_logprobs(model, samples[i : i + size])
         finally:
             model.train(was_training)
         return out
+
+    def _chunk_logprobs(self, model: nn.Module, chunk: list[Sample]) -> list[torch.Tensor]:
+        """One chunk of :meth:`_no_grad_logprobs`: each response's logprobs on the CPU."""
+        lp, _, _ = self._forward_logprobs(model, chunk)
+        return [lp[k, : s.response_length].float().cpu() for k, s in enumerate(chunk)]
 
     def _fuses_first_minibatch(self) -> bool:
         """Whether the first minibatch's training forward supplies its old logprobs.

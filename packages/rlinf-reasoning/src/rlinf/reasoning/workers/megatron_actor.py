@@ -66,7 +66,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,18 +75,12 @@ import torch.distributed as dist
 from torch import nn
 
 from rlinf.core.channel import Channel
-from rlinf.core.fsdp_scaling import (
-    TrainParts,
-    base_ranks,
-    check_phase,
-    replicate,
-    require_state,
-)
+from rlinf.core.fsdp_scaling import TrainParts, base_ranks, replicate
 from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.core.weight_sync import WeightBucket
 from rlinf.reasoning.megatron.dist_optimizer import GpuTraining
 from rlinf.reasoning.workers.actor import FSDPActor
-from rlinf.reasoning.workers.batch import Sample, pack_samples
+from rlinf.reasoning.workers.batch import Sample
 
 __all__ = ["MegatronActor"]
 
@@ -207,10 +200,6 @@ class MegatronActor(FSDPActor):
         """Every rank: ``dist_checkpointing`` coordinates over the whole group."""
         return self.world_size
 
-    def _require_state(self, method: str) -> None:
-        active = self._grown or self.rank < self.base_world_size
-        require_state(method, self.rank, self.base_world_size, active, "model")
-
     def _build_grown(self) -> None:
         """Online scaling: the base replicas' data-parallel groups (every rank joins)."""
         replica = self.tp_size * self.pp_size
@@ -235,48 +224,27 @@ class MegatronActor(FSDPActor):
         if self.rank >= self.base_world_size:
             self.offload()  # host memory until the first scale_up (a no-op on CPU)
 
-    def scale_up(self) -> dict[str, Any]:
+    def _grow(self) -> None:
         """Trains over every replica from now on; replica 0's state reaches the others.
 
-        Every rank calls it. Broadcasts parameters, AdamW state, schedule and
-        counters from replica 0 over the data-parallel group
-        (:func:`rlinf.core.fsdp_scaling.replicate`).
-
-        Returns:
-            ``{"seconds", "world_size"}``.
-
-        Raises:
-            RuntimeError: Without online scaling, or when already grown.
+        Broadcasts parameters, AdamW state, schedule and counters from replica 0
+        over the data-parallel group (:func:`rlinf.core.fsdp_scaling.replicate`).
         """
-        check_phase("scale_up", self.rank, self.scaling, self._grown)
-        start = time.perf_counter()
         self.onload()
         parts = TrainParts(self.model, self.optimizer, self.scheduler)
         src = dist.get_global_rank(self._dp_all, 0)
         self._set_counters(replicate(parts, self._dp_all, src, self._counters())["extra"])
         self._dp = self._dp_all
-        self._grown = True
-        return {"seconds": time.perf_counter() - start, "world_size": self.world_size}
 
-    def scale_down(self) -> dict[str, Any]:
-        """Trains over the base replicas again (every rank calls it; nothing moves).
+    def _shrink(self) -> None:
+        """Trains over the base replicas again (nothing moves).
 
         Every replica took the same all-reduced steps, so the base ones hold the
         trained state already; the extra ones wait (in host memory on GPUs).
-
-        Returns:
-            ``{"seconds", "world_size"}`` (the base world size).
-
-        Raises:
-            RuntimeError: Without online scaling, or when not grown.
         """
-        check_phase("scale_down", self.rank, self.scaling, self._grown)
-        start = time.perf_counter()
         self._dp = self._dp_base
-        self._grown = False
         if self.rank >= self.base_world_size:
             self.offload()
-        return {"seconds": time.perf_counter() - start, "world_size": self.base_world_size}
 
     # ------------------------------------------------------------ data parallel
     @property
@@ -316,9 +284,7 @@ class MegatronActor(FSDPActor):
 
         if self.pp_size > 1:
             raise RuntimeError("with pipeline parallelism forward passes go through _pipeline")
-        packed = pack_samples(
-            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
-        ).to(self.device)
+        packed = self._pack(samples)
         start = packed.response_start
         logits = gpt_logits(model, packed.input_ids, packed.attention_mask)
         scoring = logits[:, start - 1 : -1]  # positions [P - 1, T - 1) score tokens [P, T)
@@ -347,9 +313,7 @@ class MegatronActor(FSDPActor):
 
         from rlinf.reasoning.megatron.forward import pack_left, unpack_left
 
-        packed = pack_samples(
-            [(s.prompt_ids, s.response_ids) for s in samples], self.pad_token_id
-        ).to(self.device)
+        packed = self._pack(samples)
         ids, mask, start = packed.input_ids, packed.attention_mask, packed.response_start
         result: dict[str, Any] = {}
 
@@ -393,32 +357,19 @@ class MegatronActor(FSDPActor):
         ent = vocab_parallel_entropy(scoring, vocab, self.temperature) * m if entropy else None
         return lp, ent
 
-    def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
+    def _chunk_logprobs(self, model: nn.Module, chunk: list[Sample]) -> list[torch.Tensor]:
         if self.pp_size == 1:
-            return super()._no_grad_logprobs(model, samples)
-        size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
-        out: list[torch.Tensor] = []
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                for i in range(0, len(samples), size):
-                    chunk = samples[i : i + size]
+            return super()._chunk_logprobs(model, chunk)
 
-                    def compute(
-                        scoring: torch.Tensor,
-                        tokens: torch.Tensor,
-                        mask: torch.Tensor,
-                        chunk: list[Sample] = chunk,
-                    ) -> tuple[torch.Tensor, dict[str, Any]]:
-                        lp, _ = self._token_stats(scoring, tokens, mask, entropy=False)
-                        rows = [lp[k, : s.response_length].cpu() for k, s in enumerate(chunk)]
-                        return lp.sum() * 0.0, {"rows": rows}
+        def compute(
+            scoring: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, Any]]:
+            lp, _ = self._token_stats(scoring, tokens, mask, entropy=False)
+            rows = [lp[k, : s.response_length].cpu() for k, s in enumerate(chunk)]
+            return lp.sum() * 0.0, {"rows": rows}
 
-                    out += self._pipeline(model, chunk, compute, forward_only=True)["rows"]
-        finally:
-            model.train(was_training)
-        return out
+        rows: list[torch.Tensor] = self._pipeline(model, chunk, compute, forward_only=True)["rows"]
+        return rows
 
     def _fuses_first_minibatch(self) -> bool:
         """Never: old logprobs always come from a separate no-grad pass here."""
@@ -554,9 +505,7 @@ class MegatronActor(FSDPActor):
 
     def full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full HF-named weights as CPU tensors; every rank must call it (tests/tools)."""
-        was_offloaded = self._offloaded
-        self.onload()
-        with torch.no_grad():
+        with self.device_phase(lock=False, offload=self._offloaded), torch.no_grad():
             out = [
                 (n, t.detach().cpu().clone())
                 for bucket in self._hf_buckets(256 << 20)
@@ -566,8 +515,6 @@ class MegatronActor(FSDPActor):
                 every: list[Any] = [None] * self.pp_size
                 dist.all_gather_object(every, out, group=self._pp_group)
                 out = [item for stage in every for item in stage]
-        if was_offloaded:
-            self.offload()
         return out
 
     # --------------------------------------------------------------- checkpoints
@@ -616,17 +563,13 @@ class MegatronActor(FSDPActor):
                 }
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        """Writes model and optimizer (``dist_checkpointing``), RNG, step and an HF export.
+        """See :meth:`FSDPActor.save_checkpoint`; here with ``dist_checkpointing``.
 
         Under ``path/actor``: ``dist/`` (Megatron's sharded checkpoint of the
         model and the AdamW moments: each shard written once, by replica 0),
         ``rng_rankNNNN.pt`` (each rank's torch RNG), ``megatron_meta.pt`` (step,
         version, scheduler, AdamW's step count, parallel sizes) and
         ``huggingface/`` (full weights and the model config, rank 0).
-
-        Args:
-            path: The ``global_step_N`` directory.
-            step: The global step the state belongs to.
         """
         from megatron.core import dist_checkpointing
         from safetensors.torch import save_file
@@ -669,21 +612,11 @@ class MegatronActor(FSDPActor):
             dist.barrier()
 
     def load_checkpoint(self, path: str) -> int:
-        """Restores model, optimizer, scheduler and RNG from ``path/actor``.
+        """See :meth:`FSDPActor.load_checkpoint`; the RNG only where this rank's is saved.
 
         ``dist_checkpointing`` reshards: any data-parallel and tensor-parallel
-        size resumes (checked: TP 2 -> 1, DP 2 -> 1). The RNG is restored where
-        the checkpoint has this rank's.
-
-        Args:
-            path: A ``global_step_N`` directory written by :meth:`save_checkpoint`.
-
-        Returns:
-            The global step of the checkpoint.
-
-        Raises:
-            FileNotFoundError: If the actor state is missing.
-            ValueError: If it was written in another format.
+        size resumes (checked: TP 2 -> 1, DP 2 -> 1). Raises ``ValueError`` if
+        the checkpoint was written in another format or optimizer layout.
         """
         from megatron.core import dist_checkpointing
 

@@ -42,9 +42,7 @@ def build_vision_tower(vision_config: dict[str, Any]) -> SiglipVisionModel:
     Returns:
         The tower; its ``last_hidden_state`` is ``[n, patches, hidden_size]``.
     """
-    config = SiglipVisionConfig(**vision_config)
-    config._attn_implementation = "sdpa"
-    return SiglipVisionModel(config)
+    return SiglipVisionModel(SiglipVisionConfig(**{**vision_config, "attn_implementation": "sdpa"}))
 
 
 def build_llama(text_config: dict[str, Any]) -> LlamaModel:
@@ -56,9 +54,7 @@ def build_llama(text_config: dict[str, Any]) -> LlamaModel:
     Returns:
         The trunk.
     """
-    config = LlamaConfig(**text_config)
-    config._attn_implementation = "sdpa"
-    return LlamaModel(config)
+    return LlamaModel(LlamaConfig(**{**text_config, "attn_implementation": "sdpa"}))
 
 
 def run_llama(model: LlamaModel, embeds: Tensor, mask: Tensor, positions: Tensor) -> Tensor:

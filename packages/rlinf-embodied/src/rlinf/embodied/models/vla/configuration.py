@@ -68,14 +68,6 @@ def default_expert_config() -> dict[str, Any]:
     return {**default_text_config(), "hidden_size": 32, "intermediate_size": 64, "vocab_size": 1}
 
 
-def _default_value_hidden_dims() -> list[int]:
-    return [64]
-
-
-def _default_sigma_range() -> list[float]:
-    return [0.08, 0.16]
-
-
 def _check_choice(config: str, key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(
@@ -119,7 +111,7 @@ class _VLAConfigFields(PreTrainedConfig):  # type: ignore[no-untyped-call]
     max_prompt_length: int = 16
     add_value_head: bool = True
     value_type: str = "action_level"
-    value_hidden_dims: list[int] = field(default_factory=_default_value_hidden_dims)
+    value_hidden_dims: list[int] = field(default_factory=lambda: [64])
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)  # type: ignore[no-untyped-call]
@@ -212,7 +204,7 @@ class FlowVLAConfig(_VLAConfigFields):  # type: ignore[no-untyped-call]
     action_horizon: int = 4
     action_env_dim: int | None = None
     num_steps: int = 4
-    noise_sigma_range: list[float] = field(default_factory=_default_sigma_range)
+    noise_sigma_range: list[float] = field(default_factory=lambda: [0.08, 0.16])
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)

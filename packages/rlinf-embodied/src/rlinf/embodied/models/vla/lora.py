@@ -142,11 +142,12 @@ def _quiet_peft() -> Iterator[None]:
         yield
 
 
-def _set_heads_trainable(model: nn.Module) -> None:
+def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``(name, module)`` of each of :data:`TRAINABLE_HEADS` that ``model`` has."""
     for head in TRAINABLE_HEADS:
         module = getattr(model, head, None)
         if isinstance(module, nn.Module):
-            module.requires_grad_(True)
+            yield head, module
 
 
 def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
@@ -186,9 +187,10 @@ def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
         _check_saved_adapter(path, cfg)
         with _quiet_peft():
             peft_model = PeftModel.from_pretrained(model, str(path), is_trainable=True)
-    _set_heads_trainable(model)
-    if cfg.path is not None and (Path(cfg.path) / HEADS_FILE).is_file():
-        load_head_state_dict(model, load_file(str(Path(cfg.path) / HEADS_FILE)))
+        if (path / HEADS_FILE).is_file():
+            load_head_state_dict(model, load_file(str(path / HEADS_FILE)))
+    for _, head in _heads(model):
+        head.requires_grad_(True)
     return peft_model
 
 
@@ -211,13 +213,11 @@ def head_state_dict(model: nn.Module) -> dict[str, Tensor]:
     Args:
         model: The (adapted) model.
     """
-    tensors: dict[str, Tensor] = {}
-    for head in TRAINABLE_HEADS:
-        module = getattr(model, head, None)
-        if isinstance(module, nn.Module):
-            for key, value in module.state_dict().items():
-                tensors[f"{head}.{key}"] = value.detach().contiguous()
-    return tensors
+    return {
+        f"{head}.{key}": value.detach().contiguous()
+        for head, module in _heads(model)
+        for key, value in module.state_dict().items()
+    }
 
 
 def load_head_state_dict(model: nn.Module, tensors: dict[str, Tensor]) -> None:
@@ -237,14 +237,11 @@ def load_head_state_dict(model: nn.Module, tensors: dict[str, Tensor]) -> None:
             f"{sorted(expected)}; the adapter was saved from a model with other heads "
             "(e.g. add_value_head differs): use the matching base model"
         )
-    for head in TRAINABLE_HEADS:
-        module = getattr(model, head, None)
-        if isinstance(module, nn.Module):
-            prefix = head + "."
-            module.load_state_dict(
-                {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)},
-                strict=True,
-            )
+    for head, module in _heads(model):
+        prefix = head + "."
+        module.load_state_dict(
+            {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, strict=True
+        )
 
 
 def base_state_dict(model: nn.Module) -> dict[str, Tensor]:

@@ -12,14 +12,27 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PREPROCESSOR_FILE", "VLAImageProcessor"]
+__all__ = ["PREPROCESSOR_FILE", "VLAImageProcessor", "read_model_json"]
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
+
+
+def read_model_json(directory: str | Path, name: str, hint: str) -> tuple[Path, Any]:
+    """``(path, parsed content)`` of the JSON file ``name`` in a VLA model directory.
+
+    Raises:
+        FileNotFoundError: The file is missing (the message names it and ends with ``hint``).
+    """
+    path = Path(directory) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; a VLA model directory needs {name} {hint}")
+    return path, json.loads(path.read_text())
 
 
 def _half() -> list[float]:
@@ -90,13 +103,11 @@ class VLAImageProcessor:
             FileNotFoundError: The file is missing (the message names the directory).
             ValueError: The file has keys this processor does not know.
         """
-        path = Path(directory) / PREPROCESSOR_FILE
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} is missing; a VLA model directory needs {PREPROCESSOR_FILE} "
-                "(write one with rlinf.embodied.models.vla.tiny or VLAImageProcessor.save)"
-            )
-        data = json.loads(path.read_text())
+        path, data = read_model_json(
+            directory,
+            PREPROCESSOR_FILE,
+            "(write one with rlinf.embodied.models.vla.tiny or VLAImageProcessor.save)",
+        )
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:

@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from rlinf.embodied.models.vla.preprocessing import read_model_json
+
 __all__ = [
     "STATISTICS_FILE",
     "ActionNormalizer",
@@ -136,13 +138,7 @@ def load_action_normalizer(
         FileNotFoundError: No statistics file.
         ValueError: Bad key (lists the available ones) or malformed entry.
     """
-    path = Path(directory) / STATISTICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing; a VLA model directory needs {STATISTICS_FILE} to "
-            "de-normalise actions"
-        )
-    data = json.loads(path.read_text())
+    path, data = read_model_json(directory, STATISTICS_FILE, "to de-normalise actions")
     key = resolve_unnorm_key(list(data), unnorm_key)
     entry = data[key].get("action")
     if not isinstance(entry, Mapping):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,18 +189,18 @@ def random_observations(
     """
     if spec.image_shape is None or not spec.instructions:
         raise ValueError("random_observations needs a spec with image_shape and instructions")
+
+    def images(shape: tuple[int, int, int]) -> torch.Tensor:
+        return torch.randint(0, 256, (num_envs, *shape), dtype=torch.uint8, generator=generator)
+
     obs = {
-        "main_images": torch.randint(
-            0, 256, (num_envs, *spec.image_shape), dtype=torch.uint8, generator=generator
-        ),
+        "main_images": images(spec.image_shape),
         "task_ids": torch.randint(0, len(spec.instructions), (num_envs,), generator=generator),
     }
     if spec.state_dim is not None:
         obs["states"] = torch.randn(num_envs, spec.state_dim, generator=generator)
     if spec.wrist_image_shape is not None:
-        obs["wrist_images"] = torch.randint(
-            0, 256, (num_envs, *spec.wrist_image_shape), dtype=torch.uint8, generator=generator
-        )
+        obs["wrist_images"] = images(spec.wrist_image_shape)
     return obs
 
 
@@ -219,18 +220,12 @@ def _parser() -> argparse.ArgumentParser:
         help="token: OpenVLA-OFT-style discrete actions; flow: pi0-style flow matching",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--image-size", type=int, default=32, help="square image side (default 32)")
-    parser.add_argument("--patch-size", type=int, default=8, help="vision patch side (default 8)")
-    parser.add_argument(
-        "--state-dim",
-        type=int,
-        default=0,
-        help="proprio state length; 0 = no proprio token (default 0)",
-    )
-    parser.add_argument("--action-dim", type=int, default=2, help="action dimensions A (default 2)")
-    parser.add_argument(
-        "--num-action-chunks", type=int, default=4, help="actions per call C (default 4)"
-    )
+    add_int = partial(parser.add_argument, type=int)
+    add_int("--image-size", default=32, help="square image side (default 32)")
+    add_int("--patch-size", default=8, help="vision patch side (default 8)")
+    add_int("--state-dim", default=0, help="proprio state length; 0 = no proprio token (default 0)")
+    add_int("--action-dim", default=2, help="action dimensions A (default 2)")
+    add_int("--num-action-chunks", default=4, help="actions per call C (default 4)")
     parser.add_argument(
         "--instruction",
         action="append",
@@ -239,20 +234,10 @@ def _parser() -> argparse.ArgumentParser:
         help="an instruction the tokenizer must cover (repeat the flag; default: "
         "the three lang_reach templates)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
-    parser.add_argument(
-        "--n-action-bins",
-        type=int,
-        default=32,
-        help="token: bins per action dimension (default 32)",
-    )
-    parser.add_argument(
-        "--action-horizon",
-        type=int,
-        default=None,
-        help="flow: denoised actions per call H >= C (default C)",
-    )
-    parser.add_argument("--num-steps", type=int, default=4, help="flow: Euler steps (default 4)")
+    add_int("--seed", default=0, help="initialisation seed (default 0)")
+    add_int("--n-action-bins", default=32, help="token: bins per action dimension (default 32)")
+    add_int("--action-horizon", help="flow: denoised actions per call H >= C (default C)")
+    add_int("--num-steps", default=4, help="flow: Euler steps (default 4)")
     parser.add_argument(
         "--value-type",
         choices=["action_level", "chunk_level"],
@@ -276,9 +261,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="with --sft-steps: the env whose scripted expert the model imitates",
     )
-    parser.add_argument(
+    add_int(
         "--sft-steps",
-        type=int,
         default=0,
         help="behaviour-clone the new model for this many steps on --task (default 0: "
         "random weights; see python -m rlinf.embodied.sft for more options)",
