@@ -354,6 +354,53 @@ def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
     assert saved["env_stages"] == [[0], [1]]
 
 
+class UnpicklableCartPole(GymVectorEnv):
+    """CartPole that refuses pickling, like a simulator with native handles (ManiSkill,
+    robosuite); workers import this file as a plugin."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("UnpicklableCartPole holds a native simulator handle")
+
+
+if "unpicklable_cartpole" not in available_envs():
+    register_env("unpicklable_cartpole")(UnpicklableCartPole)
+
+
+def test_merged_stages_of_an_unpicklable_env_resume_merged(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """An env that cannot be pickled is saved as its layout and seed schedule only; the
+    resumed rank merges its stages again (one env) and goes on with full rollouts."""
+    actor, rollout, env = hybrid
+    common = [
+        *SMALL,
+        "env.train.env_type=unpicklable_cartpole",
+        "env.eval.env_type=unpicklable_cartpole",
+        f"runner.plugin_modules=[{Path(__file__).resolve()}]",
+        "rollout.pipeline_stage_num=2",
+        "runner.val_check_interval=-1",
+        "runner.save_interval=2",
+    ]
+    first = make_config(tmp_path, "unpicklable", [*common, "runner.max_epochs=2"], HYBRID)
+    with EmbodiedRunner(first, actor, rollout, env) as runner:
+        runner.init_workers()
+        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.run()
+        ckpt_root = runner.checkpoint_root
+    saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
+    assert saved["env_stages"] == [[0, 1]] and "envs" not in saved  # layout and seeds only
+    second = make_config(tmp_path, "unpicklable_resumed", [*common, "runner.max_epochs=4"], HYBRID)
+    with EmbodiedRunner(second, actor, rollout, env) as runner:
+        runner.init_workers(resume_dir=ckpt_root / "global_step_2")
+        assert runner.global_step == 2 and runner.stage_chooser.merged is True
+        runner.run()
+        resumed_dir, resumed_root = runner.tensorboard_dir, runner.checkpoint_root
+    assert scalars(resumed_dir, "rollout/stages_merged") == {3: 1.0, 4: 1.0}
+    assert scalars(resumed_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (3, 4)}
+    saved = torch.load(resumed_root / "global_step_4" / "env" / "rank_0.pt", weights_only=False)
+    assert saved["env_stages"] == [[0, 1]]
+
+
 def test_merged_stages_evaluate_like_pipelined_ones(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:
