@@ -27,6 +27,9 @@ import torch
 
 __all__ = ["ReplayBuffer", "Transitions"]
 
+_OBS_FIELDS = ("obs", "next_obs")
+_TENSOR_FIELDS = ("actions", "rewards", "terminations", "truncations")
+
 
 @dataclasses.dataclass
 class Transitions:
@@ -54,14 +57,8 @@ class Transitions:
 
     def flat(self) -> dict[str, torch.Tensor]:
         """The fields as one flat ``name -> tensor`` dict (``obs.<key>``, ``next_obs.<key>``)."""
-        out = {f"obs.{k}": v for k, v in self.obs.items()}
-        out.update({f"next_obs.{k}": v for k, v in self.next_obs.items()})
-        out.update(
-            actions=self.actions,
-            rewards=self.rewards,
-            terminations=self.terminations,
-            truncations=self.truncations,
-        )
+        out = {f"{part}.{k}": v for part in _OBS_FIELDS for k, v in getattr(self, part).items()}
+        out.update({name: getattr(self, name) for name in _TENSOR_FIELDS})
         return out
 
     @classmethod
@@ -69,11 +66,8 @@ class Transitions:
         """Inverse of :meth:`flat`."""
         return cls(
             obs={k[4:]: v for k, v in flat.items() if k.startswith("obs.")},
-            actions=flat["actions"],
-            rewards=flat["rewards"],
             next_obs={k[9:]: v for k, v in flat.items() if k.startswith("next_obs.")},
-            terminations=flat["terminations"],
-            truncations=flat["truncations"],
+            **{name: flat[name] for name in _TENSOR_FIELDS},
         )
 
 
@@ -157,8 +151,7 @@ class ReplayBuffer:
         if n > self.capacity:  # only the newest rows fit
             flat = {k: v[-self.capacity :] for k, v in flat.items()}
             n = self.capacity
-        idx = (torch.arange(n) + self._pos) % self.capacity
-        idx = idx.to(self.device)
+        idx = ((torch.arange(n) + self._pos) % self.capacity).to(self.device)
         for name, value in flat.items():
             store = self._data[name]
             store[idx] = value.to(device=self.device, dtype=store.dtype)

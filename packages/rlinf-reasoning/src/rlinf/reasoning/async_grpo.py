@@ -229,13 +229,9 @@ class AsyncPipeline:
         """
         runner = self.runner
         last = min(step + self.cfg.algorithm.max_staleness, runner.total_steps - 1)
-        g = self.cfg.algorithm.group_size
         while self._issued <= last:
-            batch = self._issued
-            self._cursors[batch] = runner.sampler.state_dict()
-            requests = runner._requests(runner.train_set, runner._next_indices(), g, batch)
-            for request in requests:
-                runner.requests.put(request, timeout=self.cfg.runner.channel_timeout_s)
+            self._cursors[self._issued] = runner.sampler.state_dict()
+            runner._put_requests(runner._next_indices(), self._issued)
             self._issued += 1
         for old in [b for b in self._cursors if b < step]:
             del self._cursors[old]

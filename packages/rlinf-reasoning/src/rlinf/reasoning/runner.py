@@ -373,19 +373,22 @@ class ReasoningRunner(ClosesOnExit):
     def _requests(
         self, dataset: MathDataset, indices: Sequence[int], group_size: int, step: int
     ) -> list[RolloutRequest]:
-        reqs = []
-        for i in indices:
-            item = dataset[i]
-            reqs.append(
-                RolloutRequest(
-                    prompt_ids=item.prompt_ids,
-                    answers=item.answers,
-                    group_size=group_size,
-                    index=item.index,
-                    step=step,
-                )
+        return [
+            RolloutRequest(
+                prompt_ids=item.prompt_ids,
+                answers=item.answers,
+                group_size=group_size,
+                index=item.index,
+                step=step,
             )
-        return reqs
+            for item in (dataset[i] for i in indices)
+        ]
+
+    def _put_requests(self, indices: Sequence[int], step: int) -> None:
+        """Puts the training requests of ``indices`` (one group each) for ``step``."""
+        group_size, timeout = self.cfg.algorithm.group_size, self.cfg.runner.channel_timeout_s
+        for request in self._requests(self.train_set, indices, group_size, step):
+            self.requests.put(request, timeout=timeout)
 
     # ------------------------------------------------------------------ sync
     def sync_weights(self, version: int) -> dict[str, Any]:
@@ -441,12 +444,10 @@ class ReasoningRunner(ClosesOnExit):
         cfg, step = self.cfg, self.global_step
         start = time.perf_counter()
         indices = self._next_indices()
-        requests = self._requests(self.train_set, indices, cfg.algorithm.group_size, step)
         t_sync = 0.0
         if self.synced_version != step:
             t_sync = self.sync_weights(step)["seconds"]
-        for request in requests:
-            self.requests.put(request, timeout=cfg.runner.channel_timeout_s)
+        self._put_requests(indices, step)
         t_stages = time.perf_counter()
         scaling: dict[str, float] = {}
         if cfg.runner.online_scaling:
@@ -480,8 +481,7 @@ class ReasoningRunner(ClosesOnExit):
         metrics = _actor_step_metrics(actor_out)
         t_rollout = max(r["busy_s"] for r in rollout_out)
         t_reward = max(r["busy_s"] for r in reward_out)
-        t_train = max(r["time"]["train"] for r in actor_out)
-        t_recompute = max(r["time"]["recompute"] for r in actor_out)
+        t_train, t_recompute = metrics["time/actor/training"], metrics["time/actor/inference"]
         t_step = t_end - start
         tokens = sum(r["tokens"] for r in rollout_out)
         stage_sum = t_sync + t_rollout + t_reward + t_train + t_recompute
@@ -492,8 +492,6 @@ class ReasoningRunner(ClosesOnExit):
                 "time/stages": t_end - t_stages,
                 "time/rollout": t_rollout,
                 "time/reward": t_reward,
-                "time/actor/training": t_train,
-                "time/actor/inference": t_recompute,
                 "time/stage_sum": stage_sum,
                 "train/overlap_ratio": stage_sum / t_step if t_step > 0 else float("nan"),
                 **_throughput_metrics(cfg, tokens, t_step, step),
@@ -570,8 +568,6 @@ class ReasoningRunner(ClosesOnExit):
             {
                 "time/step": t_step,
                 "time/sync_weights": t_sync,
-                "time/actor/training": max(r["time"]["train"] for r in actor_out),
-                "time/actor/inference": max(r["time"]["recompute"] for r in actor_out),
                 "time/actor/wait": max(r["time"]["wait"] for r in actor_out),
                 "time/actor/wait_proximal": max(
                     r["time"].get("wait_proximal", 0.0) for r in actor_out
@@ -829,19 +825,14 @@ def _check_model_dir(path: Path, key: str) -> None:
         )
 
 
-def _samples_per_s(cfg: ReasoningConfig, seconds: float) -> float:
-    """Trained responses (N * G) per second of a step."""
-    n = cfg.algorithm.rollout_batch_size * cfg.algorithm.group_size
-    return n / seconds if seconds > 0 else 0.0
-
-
 def _throughput_metrics(
     cfg: ReasoningConfig, tokens: float, seconds: float, step: int
 ) -> dict[str, float]:
-    """Tokens and responses per second of a step that trained weight version ``step``."""
+    """Tokens and responses (N * G) per second of a step that trained weight version ``step``."""
+    samples = cfg.algorithm.rollout_batch_size * cfg.algorithm.group_size
     return {
         "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-        "train/samples_per_s": _samples_per_s(cfg, seconds),
+        "train/samples_per_s": samples / seconds if seconds > 0 else 0.0,
         "train/weight_version": float(step),
         "rollout/generated_tokens": float(tokens),
     }
@@ -852,8 +843,11 @@ def _actor_step_metrics(actor_out: list[dict[str, Any]]) -> dict[str, float]:
     metrics = _rollout_metrics([r["rollout"] for r in actor_out])
     train = [r["train"] for r in actor_out]
     metrics.update({key: float(np.mean([t[key] for t in train])) for key in train[0]})
-    metrics["time/actor/prepare"] = max(r["time"].get("prepare", 0.0) for r in actor_out)
-    metrics["time/actor/total"] = max(r["time"].get("total", 0.0) for r in actor_out)
+    times = [r["time"] for r in actor_out]
+    metrics["time/actor/prepare"] = max(t.get("prepare", 0.0) for t in times)
+    metrics["time/actor/total"] = max(t.get("total", 0.0) for t in times)
+    metrics["time/actor/training"] = max(t["train"] for t in times)
+    metrics["time/actor/inference"] = max(t["recompute"] for t in times)
     return metrics
 
 

@@ -21,10 +21,13 @@ from rlinf.core.algorithms.utils import agg_loss, masked_mean
 __all__ = ["explained_variance", "ppo_policy_loss", "value_loss"]
 
 
-def _bool_mask(mask: torch.Tensor | None, arg: str, ref: torch.Tensor) -> torch.Tensor:
+def _bool_mask(
+    mask: torch.Tensor | None, arg: str, ref_arg: str, ref: torch.Tensor
+) -> torch.Tensor:
+    """``mask`` as a bool tensor of ``ref``'s shape (all true when None)."""
     if mask is None:
         return torch.ones_like(ref, dtype=torch.bool)
-    check_broadcast(arg, mask, "logprobs" if arg == "loss_mask" else "values", ref)
+    check_broadcast(arg, mask, ref_arg, ref)
     return mask.bool().expand_as(ref)
 
 
@@ -115,7 +118,7 @@ def ppo_policy_loss(
         )
     check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
     check_broadcast("advantages", advantages, "logprobs", logprobs)
-    mask = _bool_mask(loss_mask, "loss_mask", logprobs)
+    mask = _bool_mask(loss_mask, "loss_mask", "logprobs", logprobs)
 
     logp = as_float(logprobs)
     adv = as_float(advantages).to(logp.dtype).expand_as(logp)
@@ -202,11 +205,7 @@ def value_loss(
     v = as_float(values).expand(shape)
     v_old = as_float(old_values).to(v.dtype).expand(shape)
     ret = as_float(returns).to(v.dtype).expand(shape)
-    if mask is None:
-        m = torch.ones(shape, dtype=torch.bool, device=v.device)
-    else:
-        check_broadcast("mask", mask, "values", v)
-        m = mask.bool().expand(shape)
+    m = _bool_mask(mask, "mask", "values", v)
 
     def elementwise(err: torch.Tensor) -> torch.Tensor:
         if huber_delta is None:

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlinf.core.algorithms._checks import (
-    as_float,
-    check_in_unit_interval,
-    check_same_shape,
-    fail,
-)
+from rlinf.core.algorithms._checks import as_float, check_in_unit_interval, check_same_shape, fail
 from rlinf.core.algorithms.inputs import AllReduce
 from rlinf.core.algorithms.kl import kl_penalty
 from rlinf.core.algorithms.utils import group_normalize, masked_whiten

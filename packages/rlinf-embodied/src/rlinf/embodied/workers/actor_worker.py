@@ -276,12 +276,9 @@ class EmbodiedFSDPActor(Worker):
         """Trains ``parts``' model, optimizer and schedule from now on (None: holds none)."""
         if parts is None:
             self.model, self.optimizer, self.scheduler = None, None, None
-            return
-        self.model, self.optimizer, self.scheduler = (
-            parts.model,  # type: ignore[assignment]
-            parts.optimizer,
-            parts.scheduler,
-        )
+        else:
+            self.model = parts.model  # type: ignore[assignment]
+            self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
 
     def _build_parts(self, mesh: Any) -> TrainParts:
         """The FSDP2 policy over ``mesh``, its AdamW (value head at ``value_lr``) and schedule."""
@@ -543,29 +540,22 @@ class EmbodiedFSDPActor(Worker):
         self.recv_rollout_batch(actor_channel)
         versions = self._require_batch().trajectory.versions
         worst, mean = batch_staleness(versions, self.global_step)
-        reduced = self._all_reduce(
-            torch.tensor([float(worst)], dtype=torch.float64), dist.ReduceOp.MAX
-        )
-        worst = int(reduced[0])
-        mean = (
-            float(self._all_reduce(torch.tensor([mean], dtype=torch.float64))[0]) / self.world_size
-        )
+        stats = torch.tensor([float(worst), mean], dtype=torch.float64)
+        worst = int(self._all_reduce(stats[:1], dist.ReduceOp.MAX)[0])
+        mean = float(self._all_reduce(stats[1:])[0]) / self.world_size
         metrics: dict[str, float] = {"rollout/trained_version": float(self.global_step - worst)}
-        if worst > k:
+        dropped = worst > k
+        if dropped:
             self.batch = None
             self.dropped_batches += 1
-            metrics.update({"dropped": 1.0, "rollout/dropped_batches": float(self.dropped_batches)})
-            return metrics
-        metrics.update(self.compute_advantages_and_returns())
-        metrics.update(self.run_training())
+        else:
+            metrics.update(self.compute_advantages_and_returns())
+            metrics.update(self.run_training())
         metrics.update(
-            {
-                "dropped": 0.0,
-                "rollout/dropped_batches": float(self.dropped_batches),
-                "rollout/staleness_mean": mean,
-                "rollout/staleness_max": float(worst),
-            }
+            {"dropped": float(dropped), "rollout/dropped_batches": float(self.dropped_batches)}
         )
+        if not dropped:
+            metrics.update({"rollout/staleness_mean": mean, "rollout/staleness_max": float(worst)})
         return metrics
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:

@@ -102,10 +102,7 @@ ObsMessage = tuple[Obs, Obs | None]
 def obs_message(output: EnvOutput) -> ObsMessage:
     """The part of an env output the rollout reads, on the CPU."""
     final_obs = output.final_obs
-    return (
-        _on_cpu(output.obs),
-        None if final_obs is None else _on_cpu(final_obs),
-    )
+    return _on_cpu(output.obs), None if final_obs is None else _on_cpu(final_obs)
 
 
 def _on_cpu(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -183,18 +180,11 @@ def split_policy_output(output: PolicyOutput, sizes: Sequence[int]) -> list[Poli
     """Splits a policy output along the env dim into consecutive parts of ``sizes``."""
     if len(sizes) == 1:
         return [output]
-    parts = []
-    start = 0
+    names = [f.name for f in fields(output) if f.name != "version"]
+    parts, start = [], 0
     for size in sizes:
         parts.append(
-            replace(
-                output,
-                **{
-                    f.name: _narrow(getattr(output, f.name), start, size)
-                    for f in fields(output)
-                    if f.name != "version"
-                },
-            )
+            replace(output, **{n: _narrow(getattr(output, n), start, size) for n in names})
         )
         start += size
     return parts
@@ -242,10 +232,7 @@ def concat_trajectories(trajs: Sequence[Trajectory]) -> Trajectory:
     kwargs: dict[str, Any] = {}
     for name in _ENV_DIM_1:
         values = [getattr(t, name) for t in trajs]
-        if any(v is None for v in values):
-            kwargs[name] = None
-        else:
-            kwargs[name] = torch.cat(values, dim=1)
+        kwargs[name] = None if any(v is None for v in values) else torch.cat(values, dim=1)
     kwargs["forward_inputs"] = {
         k: torch.cat([t.forward_inputs[k] for t in trajs], dim=1) for k in trajs[0].forward_inputs
     }

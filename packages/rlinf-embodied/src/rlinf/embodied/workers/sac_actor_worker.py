@@ -271,17 +271,14 @@ class EmbodiedSACActor(Worker):
                 for key, value in self._update().items():
                     sums[key] = sums.get(key, 0.0) + value
         self.global_step += 1
-        metrics = {f"train/{key}": value / k for key, value in sums.items()}
         env_steps = self.replay.total_added
-        metrics.update(
-            {
-                "train/updates": float(self.updates),
-                "replay/size": float(self.replay.size),
-                "replay/env_steps": float(env_steps),
-                "replay/updates_per_env_step": self.updates / env_steps if env_steps else 0.0,
-            }
-        )
-        return metrics
+        return {
+            **{f"train/{key}": value / k for key, value in sums.items()},
+            "train/updates": float(self.updates),
+            "replay/size": float(self.replay.size),
+            "replay/env_steps": float(env_steps),
+            "replay/updates_per_env_step": self.updates / env_steps if env_steps else 0.0,
+        }
 
     def _step(self, name: str, loss: torch.Tensor, params: list[nn.Parameter]) -> None:
         optimizer = self.optimizers[name]

@@ -217,16 +217,14 @@ class TrajectoryBuilder:
         self.forward_inputs.pop()
         self.values.pop()
         if num_steps is not None and num_steps > t:
+            zeroed = (self.actions, self.logprobs, self.rewards)
+            zeroed_flags = (self.terminations, self.truncations, self.alive)
             for _ in range(num_steps - t):
-                self.actions.append(torch.zeros_like(self.actions[-1]))
-                self.logprobs.append(torch.zeros_like(self.logprobs[-1]))
+                for rows in (*zeroed, *zeroed_flags):
+                    rows.append(torch.zeros_like(rows[-1]))
                 values.append(final_values)
                 self.forward_inputs.append(self.forward_inputs[-1])
                 self.versions.append(self.versions[-1])
-                self.rewards.append(torch.zeros_like(self.rewards[-1]))
-                self.terminations.append(torch.zeros_like(self.terminations[-1]))
-                self.truncations.append(torch.zeros_like(self.truncations[-1]))
-                self.alive.append(torch.zeros_like(self.alive[-1]))
         first = torch.zeros(1, self.n, self.c, dtype=torch.bool)
         terminations = torch.cat([first, torch.stack(self.terminations)])
         truncations = torch.cat([first, torch.stack(self.truncations)])

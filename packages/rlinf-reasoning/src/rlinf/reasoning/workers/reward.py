@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from typing import Any
 
 from rlinf.core.channel import Channel
@@ -204,12 +205,8 @@ class RewardWorker(Worker):
                 rewards = self._rewards_of(flags)
             else:  # a custom reward sees the eval responses too
                 rewards = self.score(flat, refs)
-        out: list[tuple[list[float], list[bool]]] = []
-        k = 0
-        for group in texts:
-            out.append((rewards[k : k + len(group)], flags[k : k + len(group)]))
-            k += len(group)
-        return out
+        bounds = accumulate((len(group) for group in texts), initial=0)
+        return [(rewards[a:b], flags[a:b]) for a, b in pairwise(bounds)]
 
     def teardown(self) -> None:
         """Stops the scoring processes, then releases channels and locks."""

@@ -37,10 +37,7 @@ from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
 from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
 from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
 from rlinf.reasoning.workers.batch import group_key, response_logprobs
-from rlinf.reasoning.workers.common import (
-    load_tokenizer,
-    setup_torch_threads,
-)
+from rlinf.reasoning.workers.common import load_tokenizer, setup_torch_threads
 from rlinf.sched import Worker
 
 __all__ = ["RolloutWorker"]
@@ -436,13 +433,12 @@ class RolloutWorker(Worker):
             chunks += 1
         with self._engine_lock:  # later loads score nothing
             self._proximal, self._unscored = None, []
-        version = self._engine().version
         return {
             "groups": done,
             "tokens": tokens,
             "busy_s": busy,
             "chunks": chunks,
-            "version": version,
+            "version": self._engine().version,
         }
 
     def stop_stream(self) -> None:
