@@ -13,6 +13,10 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   rollout on slot 1, 50 env steps per rollout) against the bare ManiSkill
   env stepped with random actions in this process (50 steps per round). The
   two alternate block by block (``interleave``).
+- ``bare simulator in a worker process vs in the driver`` (info): the same
+  bare loop in a plain Ray worker process (``BareSimulatorProcess``), in
+  the same interleaving: how much of the gap above is only the simulator
+  running in a worker process rather than in this one.
 - ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,6 +127,26 @@ def bare_steps(env: Any, steps: int, rng: np.random.Generator) -> Callable[[], N
     return run
 
 
+class BareSimulatorProcess:
+    """The bare simulator loop in a plain Ray worker process (one torch thread).
+
+    Not an rlinf worker: the same code as :func:`bare_steps`, to tell how much
+    slower a simulator runs in a worker process than in this (driver) process.
+    """
+
+    def __init__(self) -> None:
+        torch.set_num_threads(1)
+        self.env = bare_env()
+        self.run = bare_steps(self.env, STEPS, np.random.default_rng(0))
+
+    def steps(self) -> None:
+        """One round of ``STEPS`` random-action steps."""
+        self.run()
+
+    def close(self) -> None:
+        self.env.close()
+
+
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
     """One torch thread in this process, as in a worker on one CPU slot (then restored)."""
@@ -160,11 +185,16 @@ def _rollout_vs_bare(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
     in_env_process: bool,
-) -> tuple[float, float, list[float]]:
-    """Env steps/s of the rollout and of the bare simulator (interleaved), and the
-    rollout's time beyond the env's chunk_step per env step (us)."""
+) -> tuple[float, float, float, list[float]]:
+    """Env steps/s of the rollout, of the bare simulator here and of the bare simulator
+    in a worker process (interleaved), and the rollout's time beyond the env's
+    chunk_step per env step (us)."""
     (actor, rollout, env), log_path = groups
     sim = bare_env()
+    # This module is not importable in the worker processes: ship the class by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    sim_process = ray.remote(num_cpus=0)(BareSimulatorProcess).remote()
+    ray.get(sim_process.steps.remote())  # warm-up
     steps: list[int] = []
     beyond_env_us: list[float] = []  # rollout wall time minus the env's chunk_step time
     cfg = rollout_config(log_path, in_env_process)
@@ -183,17 +213,21 @@ def _rollout_vs_bare(
             {
                 "rollout": one_rollout,
                 "bare simulator": bare_steps(sim, STEPS, np.random.default_rng(0)),
+                "bare simulator in a worker process": lambda: ray.get(sim_process.steps.remote()),
             },
             blocks=3,
             rounds=6,
             warmup_rounds=2,
         )
     sim.close()
+    ray.get(sim_process.close.remote())
+    ray.kill(sim_process)
     done = np.diff(steps)  # rollout/env_steps counts the run's env steps so far
     assert done.size and bool((done == STEPS).all()), steps  # 1 env, auto-reset: all steps live
     return (
         STEPS / stats["rollout"].median,
         STEPS / stats["bare simulator"].median,
+        STEPS / stats["bare simulator in a worker process"].median,
         beyond_env_us,
     )
 
@@ -219,7 +253,9 @@ def test_rollout_vs_bare_simulator(
     in_env_process: bool,
 ) -> None:
     """With a rollout group, and with the env rank running the policy itself."""
-    rollout_rate, sim_rate, beyond_env_us = _rollout_vs_bare(groups, interleave, in_env_process)
+    rollout_rate, sim_rate, worker_sim_rate, beyond_env_us = _rollout_vs_bare(
+        groups, interleave, in_env_process
+    )
     rate_row, beyond_row = ROWS[in_env_process]
     record_ratio(
         rate_row,
@@ -229,6 +265,16 @@ def test_rollout_vs_bare_simulator(
         baseline_name="bare sim",
         target=0.8,
         floor=0.2,
+    )
+    record_ratio(
+        "hot path: bare simulator in a worker process vs in the driver, during the "
+        + ("in-env-process run" if in_env_process else "rollout-group run"),
+        worker_sim_rate,
+        sim_rate,
+        unit="env steps/s",
+        baseline_name="bare sim",
+        target=None,
+        floor=None,
     )
     record_ratio(
         beyond_row,

@@ -232,12 +232,15 @@ class GaussianActionHead(ActionHead):
         log_std = _float32(self.log_std)
         if deterministic:
             flat = params.clone()
+            logprobs = gaussian_log_prob(flat, params, log_std)
         else:
             eps = torch.randn(
                 params.shape, generator=generator, device=params.device, dtype=params.dtype
             )
-            flat = params + torch.exp(log_std) * eps
-        logprobs = gaussian_log_prob(flat, params, log_std)
+            flat = torch.addcmul(params, log_std.exp(), eps)
+            # gaussian_log_prob(flat, params, log_std) from eps itself (z = eps): five
+            # fewer small ops per rollout step; equal up to float32 rounding.
+            logprobs = eps.square().mul_(-0.5).sub_(log_std + _HALF_LOG_2PI)
         actions = flat.view(-1, self.num_chunks, self.action_dim)
         return actions, actions.clone(), logprobs
 
