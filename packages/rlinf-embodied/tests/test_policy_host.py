@@ -13,6 +13,7 @@ from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.core.weight_sync import WeightBucket
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import build_policy
+from rlinf.embodied.workers.common import LastObs
 from rlinf.embodied.workers.policy_host import InProcessPolicy, PolicyHost, sampling_generator
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
@@ -111,3 +112,26 @@ def test_in_process_policy_can_leave_the_values_to_one_batch(cfg: EmbodiedConfig
     batched = host.values_of({"states": torch.cat([o["states"] for o in obs])})
     torch.testing.assert_close(batched, torch.cat([o.prev_values for o in outputs[False]]))
     assert host.take_infer_time() > 0  # the batch counts as the policy's time
+
+
+def test_a_last_observation_gets_its_values_without_an_action(cfg: EmbodiedConfig) -> None:
+    """LastObs: one get, the values (and bootstrap values) that a full act would give, an
+    empty action chunk, and the sampling generator left as it was (nothing is sampled)."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    obs, final = {"states": torch.randn(3, 4)}, {"states": torch.randn(3, 4)}
+    generator = sampling_generator(cfg, 5, 0, "train", host.device)
+    state = generator.get_state()
+    local = InProcessPolicy(host, "train", generator)
+    local.put(LastObs((obs, final)), "0.0")
+    assert torch.equal(generator.get_state(), state)
+    values_only = local.get("0.0")
+    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
+        local.get("0.0")  # no second message: the output was the only one
+    assert values_only.actions.shape == (3, 0) and values_only.prev_logprobs is None
+    assert values_only.version == host.version
+    full = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
+    full.put((obs, final), "0.0")
+    full.get("0.0")
+    complete = full.get("0.0")
+    assert torch.equal(values_only.prev_values, complete.prev_values)
+    assert torch.equal(values_only.bootstrap_values, complete.bootstrap_values)

@@ -15,10 +15,12 @@ What travels on a stream is only what the other side reads, since every
 tensor costs serialization time on the env's critical path:
 
 * env -> rollout: an :data:`ObsMessage` ``(obs, final_obs)`` (rewards and done
-  flags stay with the env rank, which builds the trajectory);
+  flags stay with the env rank, which builds the trajectory); a train stream's
+  last observation comes as :class:`LastObs`, since only its values are read;
 * rollout -> env: the action chunk ``[n, C, A]`` as soon as it is sampled,
   then (train mode only) the complete :class:`PolicyOutput`, which the rollout
-  finishes (value head, bootstrap values) while the env steps.
+  finishes (value head, bootstrap values) while the env steps. A
+  :class:`LastObs` gets the values-only output alone (no action chunk).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -35,6 +37,7 @@ from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Obs, PolicyOutput,
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig, import_plugins
 
 __all__ = [
+    "LastObs",
     "ObsMessage",
     "actor_pieces",
     "chunk_steps",
@@ -97,6 +100,19 @@ def chunk_steps(split: EnvSplitConfig, spec: EnvSpec, num_action_chunks: int) ->
 
 ObsMessage = tuple[Obs, Obs | None]
 """``(obs, final_obs)``: what an env rank sends the rollout (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class LastObs:
+    """A train stream's last observation message: the env acts on it no more.
+
+    The policy serving it returns only the values (``prev_values``, and
+    ``bootstrap_values`` of its ``final_obs``) that close the trajectory's
+    ``T + 1`` value rows, with an empty action chunk: no action is sampled for
+    it, which saves one policy call per stream and rollout.
+    """
+
+    message: ObsMessage
 
 
 def obs_message(output: EnvOutput) -> ObsMessage:

@@ -9,8 +9,9 @@ One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
    complete policy output of that chunk (the rollout finished it while the env
    stepped) and record both. While this rank steps stage ``s``, the rollout
    computes the actions of the other stages: simulation and inference overlap.
-3. Receive the policy output on the last observation (its values close the
-   ``T + 1`` value rows), end the stream with ``None``, and ship the stage's
+3. Receive the policy output on the last observation (sent as a ``LastObs``:
+   the policy only computes its values, which close the ``T + 1`` value rows;
+   no action is sampled for it), end the stream with ``None``, and ship the stage's
    :class:`~rlinf.core.protocols.embodied.Trajectory` to the actor channel,
    cut into the pieces each actor rank is due (see :mod:`.common`).
 
@@ -46,6 +47,7 @@ from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
 from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
+    LastObs,
     actor_pieces,
     chunk_steps,
     concat_env_outputs,
@@ -312,14 +314,14 @@ class EnvWorker(Worker):
             for t in range(steps + 1):
                 for i in list(active):
                     stream, key = streams[i], streams[i].key
-                    actions = action_channel.get(key=key, timeout=timeout)
-                    if t == steps or closing[i]:
+                    if t == steps or closing[i]:  # the values of the LastObs sent last round
                         policy_out = action_channel.get(key=key, timeout=timeout)
                         obs_channel.put(None, key=key, timeout=timeout)
                         traj = builders[i].finish(policy_out, self._group_ids(stream), steps)
                         self._ship(stream, traj, actor_channel, timeout)  # streams to the actor
                         active.remove(i)
                         continue
+                    actions = action_channel.get(key=key, timeout=timeout)
                     started = time.perf_counter()
                     outs, metrics = stream.chunk_step(actions)
                     env_time += time.perf_counter() - started
@@ -329,7 +331,12 @@ class EnvWorker(Worker):
                     closing[i] = not stream.auto_reset and bool(out.dones[:, -1].all())
                     # Hand the obs over first: the bookkeeping below overlaps the policy
                     # call (it only reads ``out``, and the next chunk step copies it).
-                    obs_channel.put(obs_message(out), key=key, timeout=timeout)
+                    # The last one is only read for its values (no action is sampled).
+                    message = obs_message(out)
+                    is_last = t == steps - 1 or closing[i]
+                    obs_channel.put(
+                        LastObs(message) if is_last else message, key=key, timeout=timeout
+                    )
                     policy_out = action_channel.get(key=key, timeout=timeout)
                     alive = stream.last_alive_mask()
                     env_steps += int(alive.sum())

@@ -27,7 +27,7 @@ from rlinf.core.seeding import derive_seed
 from rlinf.core.weight_sync import WeightBucket, receive_weights
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import BasePolicy, build_policy
-from rlinf.embodied.workers.common import ObsMessage, merge_observations
+from rlinf.embodied.workers.common import LastObs, ObsMessage, merge_observations
 from rlinf.sched import Worker
 
 __all__ = ["InProcessPolicy", "PolicyHost", "sampling_generator"]
@@ -169,6 +169,31 @@ class PolicyHost:
 
         return actions, finish
 
+    def values_only(self, messages: list[ObsMessage]) -> PolicyOutput:
+        """The values a trajectory needs of a stream's last observation (see :class:`LastObs`).
+
+        Args:
+            messages: The batch of last-observation messages, in order.
+
+        Returns:
+            A :class:`PolicyOutput` on the CPU with ``prev_values``, ``bootstrap_values``
+            (where the batch came with final observations) and the weight version; its
+            action chunk is empty (``[n, 0]``) and it has no logprobs or inputs.
+        """
+        obs, final_obs = merge_observations(messages)
+        started = time.perf_counter()
+        values = self.policy.get_value(obs)
+        result = PolicyOutput(
+            actions=torch.empty(values.shape[0], 0),
+            prev_values=values,
+            bootstrap_values=None if final_obs is None else self.policy.get_value(final_obs)[:, :1],
+            version=self.version,
+        )
+        if self.device.type != "cpu":
+            result = result.to_cpu()
+        self.infer_time += time.perf_counter() - started
+        return result
+
     def values_of(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values ``[n, V]`` on the CPU of a batch of observations (timed with the policy's work).
 
@@ -192,7 +217,8 @@ class InProcessPolicy:
     ``put(obs_message, key)`` acts on it at once; ``get(key)`` then returns the
     action chunk, and in train mode a second ``get(key)`` the complete policy
     output (computed then, as a rollout worker computes it while the env
-    steps). ``put(None, key)`` (a stream's end) does nothing.
+    steps). A :class:`~rlinf.embodied.workers.common.LastObs` gets one ``get``:
+    its values-only output. ``put(None, key)`` (a stream's end) does nothing.
 
     Args:
         host: The policy.
@@ -216,9 +242,14 @@ class InProcessPolicy:
         self.values = not defer_values
         self._pending: defaultdict[str, deque[Any]] = defaultdict(deque)
 
-    def put(self, item: ObsMessage | None, key: str, timeout: float | None = None) -> None:
+    def put(
+        self, item: ObsMessage | LastObs | None, key: str, timeout: float | None = None
+    ) -> None:
         """Acts on an observation message of stream ``key`` (``None``: the stream ends)."""
         if item is None:
+            return
+        if isinstance(item, LastObs):
+            self._pending[key].append(self.host.values_only([item.message]))
             return
         actions, complete = self.host.act([item], self.mode, self.generator, self.values)
         self._pending[key].append(actions)

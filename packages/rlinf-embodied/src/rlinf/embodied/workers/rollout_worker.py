@@ -7,9 +7,10 @@ each env rank its slice of the action chunk at once. In train mode it then
 completes the :class:`~rlinf.core.protocols.embodied.PolicyOutput` (the value
 head; ``bootstrap_values = V(final_obs)`` when the observation came with a
 ``final_obs`` of envs that auto-reset) while the env steps, and sends each env
-rank its slice of that too. A stream ends when its env rank sends ``None``;
-``generate`` returns when all have ended, so the same loop serves training
-rollouts and eval.
+rank its slice of that too. A stream's last train observation comes as a
+:class:`~rlinf.embodied.workers.common.LastObs`: it gets only its values. A
+stream ends when its env rank sends ``None``; ``generate`` returns when all
+have ended, so the same loop serves training rollouts and eval.
 
 Weights arrive from actor rank 0 by broadcast (:meth:`sync_model_from_actor`)
 together with their version, which stamps every output.
@@ -26,6 +27,7 @@ from rlinf.core.dist import select_device
 from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.workers.common import (
+    LastObs,
     ObsMessage,
     message_rows,
     serving_env_ranks,
@@ -161,7 +163,7 @@ class MultiStepRolloutWorker(Worker):
                         ranks = active[s]
                         if not ranks:
                             continue
-                        live: list[tuple[int, ObsMessage]] = []
+                        live: list[tuple[int, ObsMessage | LastObs]] = []
                         for e in list(ranks):
                             item = obs_channel.get(key=stream_key(e, s), timeout=timeout)
                             if item is None:
@@ -177,18 +179,32 @@ class MultiStepRolloutWorker(Worker):
 
     def _act(
         self,
-        messages: list[ObsMessage],
+        items: list[ObsMessage | LastObs],
         keys: list[str],
         action_channel: Channel,
         mode: str,
         generator: torch.Generator,
     ) -> None:
-        """Acts on the batch, sends the actions, then (train) the completed outputs."""
+        """Acts on the batch, sends the actions, then (train) the completed outputs.
+
+        A batch of :class:`LastObs` only gets its values (no action is sampled);
+        in a batch that mixes them with observations to act on, they get no action
+        chunk, only the complete output.
+        """
         timeout = self.cfg.runner.channel_timeout_s
+        host = self._require_host()
+        last = [isinstance(item, LastObs) for item in items]
+        messages = [item.message if isinstance(item, LastObs) else item for item in items]
         sizes = [message_rows(m) for m in messages]
-        actions, complete = self._require_host().act(messages, mode, generator)
-        for key, part in zip(keys, split_rows(actions, sizes), strict=True):
-            action_channel.put(part, key=key, timeout=timeout)
+        if all(last):
+            outputs = split_policy_output(host.values_only(messages), sizes)
+            for key, out in zip(keys, outputs, strict=True):
+                action_channel.put(out, key=key, timeout=timeout)
+            return
+        actions, complete = host.act(messages, mode, generator)
+        for key, part, is_last in zip(keys, split_rows(actions, sizes), last, strict=True):
+            if not is_last:
+                action_channel.put(part, key=key, timeout=timeout)
         if complete is None:  # eval: env ranks only need the actions
             return
         for key, out in zip(keys, split_policy_output(complete(), sizes), strict=True):
