@@ -4,10 +4,12 @@ the env loop relies on when the policy lives in the env process."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from rlinf.core.channel import Channel
 from rlinf.core.config import compose_config, validate_config
 from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.core.weight_sync import WeightBucket
@@ -15,6 +17,7 @@ from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.models import build_policy
 from rlinf.embodied.workers.common import LastObs
 from rlinf.embodied.workers.policy_host import InProcessPolicy, PolicyHost, sampling_generator
+from rlinf.embodied.workers.rollout_worker import MultiStepRolloutWorker
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 SPEC = EnvSpec(state_dim=4, image_shape=None, action_dim=1, num_actions=2, max_episode_steps=500)
@@ -135,3 +138,39 @@ def test_a_last_observation_gets_its_values_without_an_action(cfg: EmbodiedConfi
     complete = full.get("0.0")
     assert torch.equal(values_only.prev_values, complete.prev_values)
     assert torch.equal(values_only.bootstrap_values, complete.bootstrap_values)
+
+
+def test_rollout_worker_sends_last_observations_only_their_values(
+    cfg: EmbodiedConfig, channel_name: str
+) -> None:
+    """MultiStepRolloutWorker._act on a real channel: a batch mixing an observation to act
+    on and a LastObs samples actions for the batch but sends the LastObs stream only its
+    output (values of a full act); a batch of LastObs alone samples nothing."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    worker = SimpleNamespace(cfg=cfg, _require_host=lambda: host)  # what _act reads of self
+    acting, ending = {"states": torch.randn(2, 4)}, {"states": torch.randn(3, 4)}
+    channel = Channel.create(channel_name, capacity_bytes=1 << 20)
+    try:
+        generator = sampling_generator(cfg, 5, 0, "train", host.device)
+        items = [(acting, None), LastObs((ending, None))]
+        MultiStepRolloutWorker._act(worker, items, ["0.0", "1.0"], channel, "train", generator)
+        assert channel.qsize("0.0") == 2 and channel.qsize("1.0") == 1
+        assert channel.get("0.0", timeout=60).shape == (2, 1, 1)
+        assert channel.get("0.0", timeout=60).prev_logprobs is not None
+        ended = channel.get("1.0", timeout=60)
+        assert ended.actions.shape == (3, 1, 1)  # the complete output of the batch's act
+        # Its values come from a 5-row batch: equal to a 3-row call up to float rounding.
+        torch.testing.assert_close(ended.prev_values, host.policy.get_value(ending))
+
+        state = generator.get_state()
+        MultiStepRolloutWorker._act(
+            worker, [LastObs((ending, None))], ["1.0"], channel, "train", generator
+        )
+        assert torch.equal(generator.get_state(), state)  # nothing sampled
+        assert channel.qsize("1.0") == 1
+        values_only = channel.get("1.0", timeout=60)
+        assert values_only.actions.shape == (3, 0) and values_only.prev_logprobs is None
+        assert torch.equal(values_only.prev_values, host.policy.get_value(ending))
+    finally:
+        channel.close()
+        channel.unlink()

@@ -157,15 +157,7 @@ class PolicyHost:
 
         def finish() -> PolicyOutput:
             started = time.perf_counter()
-            result = complete()
-            if final_obs is not None:
-                with torch.no_grad():
-                    result.bootstrap_values = self.policy.get_value(final_obs)[:, :1]
-            result.version = self.version
-            if self.device.type != "cpu":
-                result = result.to_cpu()
-            self.infer_time += time.perf_counter() - started
-            return result
+            return self._stamp(complete(), final_obs, started)
 
         return actions, finish
 
@@ -183,12 +175,17 @@ class PolicyHost:
         obs, final_obs = merge_observations(messages)
         started = time.perf_counter()
         values = self.policy.get_value(obs)
-        result = PolicyOutput(
-            actions=torch.empty(values.shape[0], 0),
-            prev_values=values,
-            bootstrap_values=None if final_obs is None else self.policy.get_value(final_obs)[:, :1],
-            version=self.version,
-        )
+        output = PolicyOutput(actions=torch.empty(values.shape[0], 0), prev_values=values)
+        return self._stamp(output, final_obs, started)
+
+    def _stamp(
+        self, result: PolicyOutput, final_obs: dict[str, torch.Tensor] | None, started: float
+    ) -> PolicyOutput:
+        """Adds ``V(final_obs)`` and the weight version, moves to the CPU, counts the time."""
+        if final_obs is not None:
+            with torch.no_grad():
+                result.bootstrap_values = self.policy.get_value(final_obs)[:, :1]
+        result.version = self.version
         if self.device.type != "cpu":
             result = result.to_cpu()
         self.infer_time += time.perf_counter() - started
