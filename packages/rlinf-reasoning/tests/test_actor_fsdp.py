@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from rlinf.reasoning.toy_task import ToyTaskConfig, build_tokenizer, make_toy_ta
 from rlinf.reasoning.workers import FSDPActor, pack_samples
 from rlinf.reasoning.workers.actor import _has_dropout
 from rlinf.reasoning.workers.batch import group_key, response_logprobs
+from rlinf.sched.worker.group import _free_port  # outside the ephemeral range
 
 PROMPTS = ["12+7=", "3-28=", "1+1=", "29-29=", "7+15="]
 
@@ -40,12 +40,6 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_toy_task(out, cfg)
     torch.set_num_threads(before)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _cfg(toy: Path, **algorithm: Any) -> ReasoningConfig:

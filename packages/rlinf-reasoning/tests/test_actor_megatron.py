@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from rlinf.core.protocols.reasoning import RolloutResult
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.engines import HFEngine, SamplingParams
 from rlinf.reasoning.toy_task import ToyTaskConfig, build_tokenizer, make_toy_task
+from rlinf.sched.worker.group import _free_port  # outside the ephemeral range
 
 # pytest (--import-mode=importlib) imports this file under a name a spawned child
 # cannot import; publish it under its file name (see test_megatron_model.py).
@@ -135,12 +137,6 @@ class _ListChannel:
         return self.items.pop(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # ------------------------------------------------------------ spawned children
 
 
@@ -164,8 +160,14 @@ def _run_job(target: Any, nprocs: int, *args: Any) -> None:
             del os.environ["CUDA_VISIBLE_DEVICES"]
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = hidden
-    for p in procs:
-        p.join(JOB_TIMEOUT_S)
+    # A rank that fails leaves its peers waiting in a collective: stop them at once.
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    running = list(procs)
+    while running and time.monotonic() < deadline:
+        mp_connection.wait([p.sentinel for p in running], deadline - time.monotonic())
+        running = [p for p in running if p.exitcode is None]
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
     for p in procs:
         if p.is_alive():
             p.kill()

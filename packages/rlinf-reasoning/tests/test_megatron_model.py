@@ -18,7 +18,6 @@ import math
 import multiprocessing as mp
 import os
 import re
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -36,6 +35,7 @@ from rlinf.reasoning.megatron.hf_config import (
 from rlinf.reasoning.megatron.hf_layout import Layout, rule_for, shard, unshard
 from rlinf.reasoning.models import position_ids_from_attention_mask, token_logprobs_from_logits
 from rlinf.reasoning.toy_task import build_tokenizer, build_toy_model, toy_model_config
+from rlinf.sched.worker.group import _free_port  # outside the ephemeral range
 
 # pytest (--import-mode=importlib) imports this file under a name a spawned child
 # cannot import; publish it under its file name (see test_channel_multiprocess.py).
@@ -111,12 +111,6 @@ def _loss_mask(mask: torch.Tensor) -> torch.Tensor:
 def _child(fn: Any) -> Any:
     fn.__module__ = _MODULE
     return fn
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_job(target: Any, *args: Any) -> None:
