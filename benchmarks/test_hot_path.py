@@ -16,7 +16,10 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - ``bare simulator in a worker process vs in the driver`` (info): the same
   bare loop in a plain Ray worker process (``BareSimulatorProcess``), in
   the same interleaving: how much of the gap above is only the simulator
-  running in a worker process rather than in this one.
+  running in a Ray worker process rather than in this one.
+- ``bare simulator in a plain subprocess vs in the driver`` (info): the same
+  in a plain spawned process (``BareSimulatorSubprocess``, no Ray), to tell
+  a Ray worker's own cost from that of any second process.
 - ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
@@ -42,16 +45,24 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import bare_simulator
 import numpy as np
 import pytest
 import ray
 import torch
+from bare_simulator import (
+    CONTROL,
+    STEPS,
+    BareSimulatorProcess,
+    BareSimulatorSubprocess,
+    bare_env,
+    bare_steps,
+)
 
 from rlinf.core.channel.serialization import dumps, loads
 from rlinf.core.config import compose_config, validate_config
@@ -69,10 +80,7 @@ if importlib.util.find_spec("mani_skill") is None:
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
-STEPS = 50
-"""Env steps per round, for the rollout and for the bare simulator alike."""
 PLACEMENT = {"actor": 0, "env": 0, "rollout": 1}
-CONTROL = {"control_mode": "pd_joint_delta_pos"}
 
 
 def rollout_config(log_path: Path, in_env_process: bool = False) -> EmbodiedConfig:
@@ -94,59 +102,6 @@ def rollout_config(log_path: Path, in_env_process: bool = False) -> EmbodiedConf
     data["env"]["eval"] = None
     data["rollout"]["in_env_process"] = in_env_process
     return validate_config(data, EmbodiedConfig)
-
-
-def bare_env() -> Any:
-    """The ManiSkill env itself (no wrapper), as the simulator's own speed."""
-    import gymnasium as gym
-    import mani_skill.envs  # noqa: F401  (registers the tasks)
-
-    try:
-        env = gym.make(
-            "PickCube-v1",
-            obs_mode="state",
-            sim_backend="physx_cpu",
-            render_backend="none",
-            num_envs=1,
-            **CONTROL,
-        )
-    except RuntimeError as exc:  # SAPIEN could not start on this machine
-        pytest.skip(f"ManiSkill could not create PickCube-v1: {exc}")
-    env.reset(seed=0)
-    return env
-
-
-def bare_steps(env: Any, steps: int, rng: np.random.Generator) -> Callable[[], None]:
-    """One round: ``steps`` random-action steps of the bare env (resetting ended episodes)."""
-    low, high = env.action_space.low, env.action_space.high
-
-    def run() -> None:
-        for _ in range(steps):
-            _, _, terminated, truncated, _ = env.step(rng.uniform(low, high).astype(np.float32))
-            if bool(np.asarray(terminated | truncated).any()):
-                env.reset()
-
-    return run
-
-
-class BareSimulatorProcess:
-    """The bare simulator loop in a plain Ray worker process (one torch thread).
-
-    Not an rlinf worker: the same code as :func:`bare_steps`, to tell how much
-    slower a simulator runs in a worker process than in this (driver) process.
-    """
-
-    def __init__(self) -> None:
-        torch.set_num_threads(1)
-        self.env = bare_env()
-        self.run = bare_steps(self.env, STEPS, np.random.default_rng(0))
-
-    def steps(self) -> None:
-        """One round of ``STEPS`` random-action steps."""
-        self.run()
-
-    def close(self) -> None:
-        self.env.close()
 
 
 @pytest.fixture(autouse=True)
@@ -187,16 +142,17 @@ def _rollout_vs_bare(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
     in_env_process: bool,
-) -> tuple[float, float, float, list[float]]:
-    """Env steps/s of the rollout, of the bare simulator here and of the bare simulator
-    in a worker process (interleaved), and the rollout's time beyond the env's
+) -> tuple[float, float, float, float, list[float]]:
+    """Env steps/s of the rollout, of the bare simulator here, in a Ray worker process and
+    in a plain subprocess (interleaved), and the rollout's time beyond the env's
     chunk_step per env step (us)."""
     (actor, rollout, env), log_path = groups
     sim = bare_env()
-    # This module is not importable in the worker processes: ship the class by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # bare_simulator is not importable in the Ray workers: ship the class by value.
+    ray.cloudpickle.register_pickle_by_value(bare_simulator)
     sim_process = ray.remote(num_cpus=0)(BareSimulatorProcess).remote()
     ray.get(sim_process.steps.remote())  # warm-up
+    sim_subprocess = BareSimulatorSubprocess()
     steps: list[int] = []
     beyond_env_us: list[float] = []  # rollout wall time minus the env's chunk_step time
     cfg = rollout_config(log_path, in_env_process)
@@ -216,12 +172,14 @@ def _rollout_vs_bare(
                 "rollout": one_rollout,
                 "bare simulator": bare_steps(sim, STEPS, np.random.default_rng(0)),
                 "bare simulator in a worker process": lambda: ray.get(sim_process.steps.remote()),
+                "bare simulator in a plain subprocess": sim_subprocess.steps,
             },
             blocks=3,
             rounds=6,
             warmup_rounds=2,
         )
     sim.close()
+    sim_subprocess.close()
     ray.get(sim_process.close.remote())
     ray.kill(sim_process)
     done = np.diff(steps)  # rollout/env_steps counts the run's env steps so far
@@ -230,6 +188,7 @@ def _rollout_vs_bare(
         STEPS / stats["rollout"].median,
         STEPS / stats["bare simulator"].median,
         STEPS / stats["bare simulator in a worker process"].median,
+        STEPS / stats["bare simulator in a plain subprocess"].median,
         beyond_env_us,
     )
 
@@ -255,7 +214,7 @@ def test_rollout_vs_bare_simulator(
     in_env_process: bool,
 ) -> None:
     """With a rollout group, and with the env rank running the policy itself."""
-    rollout_rate, sim_rate, worker_sim_rate, beyond_env_us = _rollout_vs_bare(
+    rollout_rate, sim_rate, worker_sim_rate, subprocess_sim_rate, beyond_env_us = _rollout_vs_bare(
         groups, interleave, in_env_process
     )
     rate_row, beyond_row = ROWS[in_env_process]
@@ -272,6 +231,16 @@ def test_rollout_vs_bare_simulator(
         "hot path: bare simulator in a worker process vs in the driver, during the "
         + ("in-env-process run" if in_env_process else "rollout-group run"),
         worker_sim_rate,
+        sim_rate,
+        unit="env steps/s",
+        baseline_name="bare sim",
+        target=None,
+        floor=None,
+    )
+    record_ratio(
+        "hot path: bare simulator in a plain subprocess vs in the driver, during the "
+        + ("in-env-process run" if in_env_process else "rollout-group run"),
+        subprocess_sim_rate,
         sim_rate,
         unit="env steps/s",
         baseline_name="bare sim",
