@@ -167,10 +167,9 @@ def test_remote_producer_killed_mid_transfer_leaves_no_torn_item(
         # Each round streams under its own key, so the in-flight item of a killed
         # producer, whenever the agent publishes it, is never read as the next
         # round's.
-        # lock=False: the child is SIGKILLed at a random point, possibly while it
-        # holds a locked Value's lock, which would hang this read forever. A single
-        # aligned 8-byte store needs no lock to be read whole.
-        done = CTX.Value("q", -1, lock=False)
+        # A plain shared int: the child is SIGKILLed at a random point, and a locked
+        # Value's lock held by it then hangs this read (it did, in CI).
+        done = CTX.RawValue("q", -1)
         child = _run_with_env(_remote_env(agent, transport), _stream_forever, name, round_, done)
         received = []
         try:
