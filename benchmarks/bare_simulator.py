@@ -104,10 +104,9 @@ class BareSimulatorSubprocess:
 
     def __init__(self, timeout: float = 120.0) -> None:
         self.timeout = timeout
-        self._conn, child_conn = mp.get_context("spawn").Pipe()
-        self._process = mp.get_context("spawn").Process(
-            target=_serve_rounds, args=(child_conn,), daemon=True
-        )
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._process = ctx.Process(target=_serve_rounds, args=(child_conn,), daemon=True)
         self._process.start()
         self._reply()
 

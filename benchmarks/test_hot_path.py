@@ -29,8 +29,8 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   (median microseconds): our env wrapper's ``chunk_step`` (simulator
   included); the policy's ``predict_actions_first`` (the actions, on the
   env's critical path), the same right after a chunk step (as in a rollout:
-  the simulator step leaves the caches cold: on the 2-core VM it read 2.4x
-  and 2.9x the warm time), and ``complete()`` (the value head, which the rollout
+  the simulator step leaves the caches cold: on the 2-core VM it read
+  2.2-2.9x the warm time in three runs), and ``complete()`` (the value head, which the rollout
   runs while the env steps); the value head run once on a whole stream's
   ``T + 1`` observations, per env step (what the env process does with
   ``rollout.in_env_process``, where nothing overlaps the env); pickling and
@@ -227,26 +227,20 @@ def test_rollout_vs_bare_simulator(
         target=0.8,
         floor=0.2,
     )
-    record_ratio(
-        "hot path: bare simulator in a worker process vs in the driver, during the "
-        + ("in-env-process run" if in_env_process else "rollout-group run"),
-        worker_sim_rate,
-        sim_rate,
-        unit="env steps/s",
-        baseline_name="bare sim",
-        target=None,
-        floor=None,
-    )
-    record_ratio(
-        "hot path: bare simulator in a plain subprocess vs in the driver, during the "
-        + ("in-env-process run" if in_env_process else "rollout-group run"),
-        subprocess_sim_rate,
-        sim_rate,
-        unit="env steps/s",
-        baseline_name="bare sim",
-        target=None,
-        floor=None,
-    )
+    run = "in-env-process run" if in_env_process else "rollout-group run"
+    for where, rate in (
+        ("a worker process", worker_sim_rate),
+        ("a plain subprocess", subprocess_sim_rate),
+    ):
+        record_ratio(
+            f"hot path: bare simulator in {where} vs in the driver, during the {run}",
+            rate,
+            sim_rate,
+            unit="env steps/s",
+            baseline_name="bare sim",
+            target=None,
+            floor=None,
+        )
     record_ratio(
         beyond_row,
         statistics.median(beyond_env_us),

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,14 +139,14 @@ def test_remote_node_roundtrips_arrays_in_order(agent: ChannelAgent, transport: 
             child.kill()
 
 
-def _stream_forever(name: str, key: int, done: mp.Value) -> None:  # type: ignore[valid-type]
+def _stream_forever(name: str, key: int, done: Any) -> None:
     ch = Channel.connect(name, timeout=WAIT_S)
     payload = np.zeros(1 << 20, dtype=np.int64)  # 8 MiB
     seq = 0
     while True:
         payload.fill(seq)
         ch.put({"seq": seq, "payload": payload}, key=key, timeout=WAIT_S)
-        done.value = seq  # type: ignore[attr-defined]
+        done.value = seq
         seq += 1
 
 
@@ -177,7 +178,7 @@ def test_remote_producer_killed_mid_transfer_leaves_no_torn_item(
             time.sleep(float(rng.uniform(0, 0.05)))
             os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
             child.join(WAIT_S)
-            last_done = done.value  # type: ignore[attr-defined]
+            last_done = done.value
             # Every put that returned before the kill arrives whole and in order.
             while received[-1] < last_done:
                 item = home.get(key=round_, timeout=WAIT_S)
