@@ -20,6 +20,10 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - ``bare simulator in a plain subprocess vs in the driver`` (info): the same
   in a plain spawned process (``BareSimulatorSubprocess``, no Ray), to tell
   a Ray worker's own cost from that of any second process.
+- ``bare simulator under torch.inference_mode vs plain`` (info): the same
+  loop in the driver on a second env stepped under ``torch.inference_mode()``,
+  as our ManiSkill backend steps its envs: what that alone buys (ManiSkill's
+  step is mostly small torch ops).
 - ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
@@ -142,12 +146,13 @@ def _rollout_vs_bare(
     groups: tuple[list[WorkerGroup], Path],
     interleave: Callable[..., dict[str, Any]],
     in_env_process: bool,
-) -> tuple[float, float, float, float, list[float]]:
-    """Env steps/s of the rollout, of the bare simulator here, in a Ray worker process and
-    in a plain subprocess (interleaved), and the rollout's time beyond the env's
-    chunk_step per env step (us)."""
+) -> tuple[dict[str, float], list[float]]:
+    """Env steps/s per candidate (interleaved): the rollout, and the bare simulator here,
+    here under ``inference_mode``, in a Ray worker process and in a plain subprocess; and
+    the rollout's time beyond the env's chunk_step per env step (us)."""
     (actor, rollout, env), log_path = groups
     sim = bare_env()
+    sim_inference = bare_env()  # only ever stepped under inference_mode (see below)
     # bare_simulator is not importable in the Ray workers: ship the class by value.
     ray.cloudpickle.register_pickle_by_value(bare_simulator)
     sim_process = ray.remote(num_cpus=0)(BareSimulatorProcess).remote()
@@ -171,6 +176,9 @@ def _rollout_vs_bare(
             {
                 "rollout": one_rollout,
                 "bare simulator": bare_steps(sim, STEPS, np.random.default_rng(0)),
+                "bare simulator under inference_mode": inference_mode(
+                    bare_steps(sim_inference, STEPS, np.random.default_rng(0))
+                ),
                 "bare simulator in a worker process": lambda: ray.get(sim_process.steps.remote()),
                 "bare simulator in a plain subprocess": sim_subprocess.steps,
             },
@@ -179,18 +187,23 @@ def _rollout_vs_bare(
             warmup_rounds=2,
         )
     sim.close()
+    sim_inference.close()
     sim_subprocess.close()
     ray.get(sim_process.close.remote())
     ray.kill(sim_process)
     done = np.diff(steps)  # rollout/env_steps counts the run's env steps so far
     assert done.size and bool((done == STEPS).all()), steps  # 1 env, auto-reset: all steps live
-    return (
-        STEPS / stats["rollout"].median,
-        STEPS / stats["bare simulator"].median,
-        STEPS / stats["bare simulator in a worker process"].median,
-        STEPS / stats["bare simulator in a plain subprocess"].median,
-        beyond_env_us,
-    )
+    return {name: STEPS / stat.median for name, stat in stats.items()}, beyond_env_us
+
+
+def inference_mode(run: Callable[[], None]) -> Callable[[], None]:
+    """``run`` under ``torch.inference_mode()``, as the ManiSkill backend steps its envs."""
+
+    def wrapped() -> None:
+        with torch.inference_mode():
+            run()
+
+    return wrapped
 
 
 ROWS = {
@@ -214,13 +227,12 @@ def test_rollout_vs_bare_simulator(
     in_env_process: bool,
 ) -> None:
     """With a rollout group, and with the env rank running the policy itself."""
-    rollout_rate, sim_rate, worker_sim_rate, subprocess_sim_rate, beyond_env_us = _rollout_vs_bare(
-        groups, interleave, in_env_process
-    )
+    rates, beyond_env_us = _rollout_vs_bare(groups, interleave, in_env_process)
+    sim_rate = rates["bare simulator"]
     rate_row, beyond_row = ROWS[in_env_process]
     record_ratio(
         rate_row,
-        rollout_rate,
+        rates["rollout"],
         sim_rate,
         unit="env steps/s",
         baseline_name="bare sim",
@@ -228,19 +240,25 @@ def test_rollout_vs_bare_simulator(
         floor=0.2,
     )
     run = "in-env-process run" if in_env_process else "rollout-group run"
-    for where, rate in (
-        ("a worker process", worker_sim_rate),
-        ("a plain subprocess", subprocess_sim_rate),
-    ):
+    for where in ("a worker process", "a plain subprocess"):
         record_ratio(
             f"hot path: bare simulator in {where} vs in the driver, during the {run}",
-            rate,
+            rates[f"bare simulator in {where}"],
             sim_rate,
             unit="env steps/s",
             baseline_name="bare sim",
             target=None,
             floor=None,
         )
+    record_ratio(
+        f"hot path: bare simulator under torch.inference_mode vs plain, during the {run}",
+        rates["bare simulator under inference_mode"],
+        sim_rate,
+        unit="env steps/s",
+        baseline_name="bare sim",
+        target=None,
+        floor=None,
+    )
     record_ratio(
         beyond_row,
         statistics.median(beyond_env_us),
