@@ -131,7 +131,7 @@ def assert_progress_lines(text: str, groups: list[str], eval_ran: bool) -> None:
     patterns = [
         r"starting a local Ray \(\S+ CPUs\) \.\.\.",
         r"Ray started in [\d.]+ s",
-        r"first weight sync \(actor -> rollout.*\) \.\.\.",
+        r"first weight sync \(actor -> (rollout|env).*\) \.\.\.",
         r"first weight sync done in [\d.]+ s",
     ]
     for group in groups:
@@ -156,7 +156,9 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     ]
     checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
     text = interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
-    assert_progress_lines(text, ["ActorGroup", "RolloutGroup", "EnvGroup"], eval_ran=True)
+    # rollout.in_env_process: auto runs the policy in the env worker: no rollout group.
+    assert_progress_lines(text, ["ActorGroup", "EnvGroup"], eval_ran=True)
+    assert "launching RolloutGroup" not in text
 
 
 @pytest.mark.slow  # ~25 s; the sync Ctrl-C test covers the shared path in the default tier

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
             "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
         }
-        if not cfg.rollout.in_env_process:  # else the env workers run the policy
+        if not cfg.policy_in_env_process:  # else the env workers run the policy
             to_launch["RolloutGroup"] = (
                 MultiStepRolloutWorker.create_group(cfg),
                 placement.get_strategy("rollout"),

@@ -131,6 +131,40 @@ def test_policy_in_the_env_process_needs_the_sync_runner(
         assert word in message, (word, message)
 
 
+@pytest.mark.parametrize(
+    ("edits", "in_env"),
+    [
+        ({}, True),
+        ({"runner.mode": "async"}, False),
+        ({"runner.online_scaling": True}, False),
+        ({"rollout.pipeline_stage_num": 2}, False),
+    ],
+)
+def test_auto_runs_the_policy_in_the_env_process_where_the_run_allows_it(
+    edits: dict[str, Any], in_env: bool
+) -> None:
+    """``rollout.in_env_process: auto`` (the CartPole config's): the sync runner with one
+    stage and no online scaling; anything that needs a rollout group gets one."""
+    data = edit("rollout.in_env_process", "auto")
+    for path, value in edits.items():
+        section, key = path.split(".")
+        data[section][key] = value
+    if edits.get("runner.online_scaling"):
+        data["cluster"]["component_placement"] = {"actor": 0, "env": 0, "rollout": 1}
+    cfg = validate_config(data, EmbodiedConfig)
+    assert cfg.rollout.in_env_process == "auto"
+    assert cfg.policy_in_env_process is in_env
+    for value in (True, False):  # an explicit setting is taken as it is
+        assert (
+            validate_config(
+                edit("rollout.in_env_process", value), EmbodiedConfig
+            ).policy_in_env_process
+            is value
+        )
+    issues = errors_of(edit("rollout.in_env_process", "sometimes"))
+    assert issues[0][0] == "rollout.in_env_process"
+
+
 def test_world_size_rules_name_the_key() -> None:
     cfg = validate_config(base(), EmbodiedConfig)
     cfg.check_world_sizes(actor=2, env=1, rollout=1, max_episode_steps=500)

@@ -454,9 +454,24 @@ def test_runner_refuses_a_rollout_group_that_does_not_fit_in_env_process(
     in_env = make_config(tmp_path, "refuse", ["rollout.in_env_process=true"], placement=HYBRID)
     with pytest.raises(ValueError, match=r"rollout group \(hybrid-rollout\) was given"):
         EmbodiedRunner(in_env, actor, rollout, env)
-    separate = make_config(tmp_path, "refuse2", placement=HYBRID)
-    with pytest.raises(ValueError, match=r"rollout=None needs rollout.in_env_process: true"):
+    separate = make_config(tmp_path, "refuse2", ["rollout.in_env_process=false"], placement=HYBRID)
+    with pytest.raises(ValueError, match=r"in_env_process=false does not allow here \(the key"):
         EmbodiedRunner(separate, actor, None, env)
+    # auto takes a rollout group, or None where the run allows the policy in the env workers.
+    auto = make_config(tmp_path, "auto", ["rollout.in_env_process=auto"], placement=HYBRID)
+    assert auto.policy_in_env_process
+    for group in (rollout, None):
+        with EmbodiedRunner(auto, actor, group, env) as runner:
+            assert runner.policy_group is (group or env)
+    staged = make_config(
+        tmp_path,
+        "auto2",
+        ["rollout.in_env_process=auto", "rollout.pipeline_stage_num=2"],
+        placement=HYBRID,
+    )
+    assert not staged.policy_in_env_process
+    with pytest.raises(ValueError, match=r"rollout.pipeline_stage_num 1 \(got 2\)"):
+        EmbodiedRunner(staged, actor, None, env)
     with (
         EmbodiedRunner(in_env, actor, None, env) as runner,
         pytest.raises(RuntimeError, match="has no rollout group"),

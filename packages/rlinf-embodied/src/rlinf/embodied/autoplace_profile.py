@@ -169,11 +169,12 @@ def launch_embodied_groups(
         ``[actor, rollout, env]``.
 
     Raises:
-        ValueError: ``rollout.in_env_process`` (there is no rollout group to place).
+        ValueError: ``rollout.in_env_process: true`` (there is no rollout group to place;
+            ``auto`` runs with the rollout group launched here).
     """
     from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 
-    if cfg.rollout.in_env_process:
+    if cfg.rollout.in_env_process is True:  # (auto takes a rollout group)
         raise ValueError(
             "rollout.in_env_process=true has no rollout group, and auto-place and online "
             "scaling place one; set rollout.in_env_process: false"

@@ -323,12 +323,15 @@ class RolloutConfig(RLinfModel):
         "and keep the faster. Timing-based, so sampling may differ between machines; "
         "false keeps the stages pipelined.",
     )
-    in_env_process: bool = Field(
+    in_env_process: bool | Literal["auto"] = Field(
         False,
         description="Run the policy inside each env worker: no rollout group, no "
         "observation/action hand-offs between processes (for cheap policies on few envs, "
         "where hand-offs cost more than the policy; see docs/embodied.md). Sync PPO/GRPO "
-        "only; cluster.component_placement.rollout is then not used.",
+        "only; cluster.component_placement.rollout is then not used. auto: where the run "
+        "allows it (runner.mode sync, no runner.online_scaling, pipeline_stage_num 1) the "
+        "launcher runs the policy in the env workers, else it launches a rollout group; "
+        "the runner takes either (EmbodiedConfig.policy_in_env_process).",
     )
 
 
@@ -441,7 +444,7 @@ class EmbodiedConfig(RLinfModel):
         sac = alg.loss_type == "sac"
         if self.runner.online_scaling:
             self._check_online_scaling()
-        if self.rollout.in_env_process and (
+        if self.rollout.in_env_process is True and (
             self.runner.mode != "sync" or self.runner.online_scaling
         ):
             raise ValueError(
@@ -573,6 +576,24 @@ class EmbodiedConfig(RLinfModel):
         return self
 
     # ----------------------------------------------------------------- derived values
+
+    @property
+    def policy_in_env_process(self) -> bool:
+        """Whether a launcher should run the policy in the env workers (no rollout group).
+
+        ``rollout.in_env_process`` itself, or for ``auto`` whether the run allows it:
+        the sync runner without online scaling, and one pipeline stage (with more,
+        a rollout group overlaps the policy with the env; in the env process there
+        is nothing to overlap).
+        """
+        choice = self.rollout.in_env_process
+        if choice == "auto":
+            return (
+                self.runner.mode == "sync"
+                and not self.runner.online_scaling
+                and self.rollout.pipeline_stage_num == 1
+            )
+        return choice
 
     def stage_num_envs(self, split: Literal["train", "eval"] = "train") -> int:
         """Envs of one (env rank, pipeline stage): ``num_envs / pipeline_stage_num``."""

@@ -15,7 +15,8 @@ Usage (the programming flow of ``examples/embodiment/train_embodied_agent.py``):
     runner.run()
     runner.close()
 
-With ``rollout.in_env_process`` there is no rollout group (``rollout=None``):
+With the policy in the env workers (``rollout.in_env_process`` true, or ``auto``
+where the run allows it) there is no rollout group (``rollout=None``):
 each env rank runs the policy itself, the weight syncs go to the env group, and
 a rollout is ``env.interact`` and ``actor.recv_rollout_batch`` alone.
 
@@ -95,6 +96,38 @@ def _devices(group: WorkerGroup, ranks: Sequence[int] | None = None) -> set[tupl
     return out
 
 
+def _check_policy_group(cfg: EmbodiedConfig, rollout: WorkerGroup | None) -> None:
+    """Whether ``rollout`` (a group, or None: the env workers act) fits ``rollout.in_env_process``.
+
+    ``true`` needs None, ``false`` a group; ``auto`` takes a group, or None where the
+    run allows the policy in the env workers (:attr:`EmbodiedConfig.policy_in_env_process`).
+
+    Raises:
+        ValueError: They do not fit; the message names the key and the fix.
+    """
+    choice = cfg.rollout.in_env_process
+    if choice is True and rollout is not None:
+        raise ValueError(
+            f"rollout.in_env_process=true runs the policy in the env workers, but a "
+            f"rollout group ({rollout.name}) was given; pass rollout=None (and do not "
+            "launch it), or set rollout.in_env_process: false"
+        )
+    if rollout is None and not cfg.policy_in_env_process:
+        why = (
+            "the key is false"
+            if choice is False
+            else f"auto needs runner.mode sync (got {cfg.runner.mode!r}), no "
+            f"runner.online_scaling (got {cfg.runner.online_scaling}) and "
+            f"rollout.pipeline_stage_num 1 (got {cfg.rollout.pipeline_stage_num})"
+        )
+        raise ValueError(
+            f"rollout=None runs the policy in the env workers, which rollout.in_env_process="
+            f"{str(choice).lower()} does not allow here ({why}); launch a "
+            "MultiStepRolloutWorker group (as the example script does when "
+            "cfg.policy_in_env_process is False), or set rollout.in_env_process: true"
+        )
+
+
 class EmbodiedRunner(ClosesOnExit):
     """Drives env, rollout and actor groups through training, eval and checkpoints.
 
@@ -105,11 +138,13 @@ class EmbodiedRunner(ClosesOnExit):
         cfg: The validated run config.
         actor: Launched :class:`~rlinf.embodied.workers.EmbodiedFSDPActor` group.
         rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group;
-            None with ``rollout.in_env_process`` (the env group runs the policy).
+            None to run the policy in the env group (``rollout.in_env_process`` true, or
+            ``auto`` where :attr:`EmbodiedConfig.policy_in_env_process`).
         env: Launched :class:`~rlinf.embodied.workers.EnvWorker` group.
 
     Raises:
-        ValueError: ``rollout`` is given with ``rollout.in_env_process``, or missing without it.
+        ValueError: ``rollout`` does not fit ``rollout.in_env_process`` (a group with
+            ``true``; None with ``false``, or with ``auto`` where the run needs a group).
 
     Attributes:
         global_step: Training steps done (the weight version of the next sync).
@@ -133,19 +168,9 @@ class EmbodiedRunner(ClosesOnExit):
     ) -> None:
         check_implements(actor.worker_cls, self.actor_protocol)
         check_implements(env.worker_cls, EmbodiedEnvWorker)
-        if cfg.rollout.in_env_process:
-            if rollout is not None:
-                raise ValueError(
-                    f"rollout.in_env_process=true runs the policy in the env workers, but a "
-                    f"rollout group ({rollout.name}) was given; pass rollout=None (and do not "
-                    "launch it), or set rollout.in_env_process: false"
-                )
+        _check_policy_group(cfg, rollout)
+        if rollout is None:
             check_implements(env.worker_cls, EmbodiedPolicyEnvWorker)
-        elif rollout is None:
-            raise ValueError(
-                "rollout=None needs rollout.in_env_process: true (the env workers then run "
-                "the policy); launch a MultiStepRolloutWorker group or set the key"
-            )
         else:
             check_implements(rollout.worker_cls, EmbodiedRolloutWorker)
         self.cfg = cfg
@@ -401,7 +426,8 @@ class EmbodiedRunner(ClosesOnExit):
         if self._synced_version != self.global_step:
             first = self._synced_version < 0
             if first:
-                _log.info("first weight sync (actor -> rollout) ...")
+                target = "rollout" if self._rollout is not None else "env, which runs the policy"
+                _log.info("first weight sync (actor -> %s) ...", target)
             versions = self._wait(
                 [
                     self.policy_group.sync_model_from_actor(),
