@@ -78,8 +78,9 @@ class _Batch:
     Every call into the env after its construction runs under
     ``torch.inference_mode()``: ManiSkill's step is mostly small torch ops (the
     physics is ~0.5 ms of a ~2.5 ms CPU step), and without autograd's per-op
-    bookkeeping it runs ~10% faster (``benchmarks/test_hot_path.py``, the
-    ``bare simulator under inference_mode`` row). ManiSkill keeps tensors it
+    bookkeeping it ran 12-16% faster by hand (PickCube, alternating round by
+    round; the hot-path benchmark's ``bare simulator under
+    torch.inference_mode`` row, block by block, is noisier). ManiSkill keeps tensors it
     creates in a step (poses, controller targets); they become inference
     tensors, which may only be written in place inside inference mode, so no
     call may bypass this class. What the env returns is read (or copied) by
