@@ -17,6 +17,7 @@ placement are launched concurrently to save start-up time.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import shutil
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rlinf.core.config import compose_config, validate_config
 from rlinf.core.run_state import ConfigChangedError
+from rlinf.embodied import runner as runner_module
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.envs import available_envs, register_env
 from rlinf.embodied.envs.gym_env import GymVectorEnv
@@ -258,7 +260,32 @@ def test_same_config_trains_disaggregated(cluster: Cluster, tmp_path: Path) -> N
     check_run(metrics, runner.tensorboard_dir, 1)
 
 
-def test_same_config_trains_hybrid(hybrid: list[WorkerGroup], tmp_path: Path) -> None:
+class _Records(logging.Handler):
+    """Keeps the messages logged through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_same_config_trains_hybrid(
+    hybrid: list[WorkerGroup], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also: after the 2nd rollout the runner asks once whether the one stage's hand-offs
+    to the rollout group are worth the policy in the env process (and logs the advice).
+    The advice itself is timing-based (``test_pipeline_advice.py``); here it is stubbed."""
+    asked: list[tuple[int, dict[str, float]]] = []
+
+    def advice(stages: int, **costs: float) -> str:
+        asked.append((stages, costs))
+        return "stub advice: try rollout.in_env_process"
+
+    monkeypatch.setattr(runner_module, "in_env_process_advice", advice)
+    handler = _Records()
+    logging.getLogger("rlinf.embodied.runner").addHandler(handler)
     actor, rollout, env = hybrid
     cfg = make_config(
         tmp_path,
@@ -266,11 +293,19 @@ def test_same_config_trains_hybrid(hybrid: list[WorkerGroup], tmp_path: Path) ->
         [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"],
         placement=HYBRID,
     )
-    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
-        runner.init_workers()
-        assert runner.mode == "hybrid"
-        metrics = runner.run()
+    try:
+        with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+            runner.init_workers()
+            assert runner.mode == "hybrid"
+            metrics = runner.run()
+    finally:
+        logging.getLogger("rlinf.embodied.runner").removeHandler(handler)
     check_run(metrics, runner.tensorboard_dir, 1)
+    ((stages, costs),) = asked
+    assert stages == 1 and costs["rollout_seconds"] > costs["env_seconds"] > 0
+    assert [m for m in handler.messages if "stub advice" in m] == [
+        "stub advice: try rollout.in_env_process"
+    ]
 
 
 def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(

@@ -13,13 +13,23 @@ cost more than the overlap saves. Two tools decide:
   rank runs its stages as one env (one env call per round, as with one stage);
 * :func:`pipeline_advice` (when adaptive stages are off) estimates one stage's
   time from one pipelined rollout and warns when it looks faster.
+
+With one stage nothing overlaps, and :func:`in_env_process_advice` warns when
+the hand-offs to a rollout group take a large share of the rollout: then the
+policy in the env workers (``rollout.in_env_process``) is faster.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PIPELINE_MARGIN", "StageChooser", "pipeline_advice"]
+__all__ = [
+    "HANDOFF_SHARE",
+    "PIPELINE_MARGIN",
+    "StageChooser",
+    "in_env_process_advice",
+    "pipeline_advice",
+]
 
 
 class StageChooser:
@@ -134,4 +144,44 @@ def pipeline_advice(
         f"{policy_seconds:.3f} s, the rest hand-offs), one stage would take about "
         f"{one_stage:.3f} s; set rollout.pipeline_stage_num: 1 (see docs/embodied.md, "
         "'When pipeline stages help')"
+    )
+
+
+HANDOFF_SHARE = 0.25
+"""The share of a one-stage rollout the hand-offs must take before the runner suggests
+running the policy in the env workers."""
+
+
+def in_env_process_advice(
+    stages: int, *, env_seconds: float, policy_seconds: float, rollout_seconds: float
+) -> str | None:
+    """A warning when one stage's hand-offs to a rollout group cost much of the rollout.
+
+    With one stage the env and the policy take turns, so a rollout takes about
+    ``env + policy + hand-offs``; the policy in the env workers
+    (``rollout.in_env_process``) removes the hand-offs and gives the same
+    samples. Call it only for runs that could do that (a rollout group, the sync
+    runner, no online scaling).
+
+    Args:
+        stages: ``rollout.pipeline_stage_num`` (only 1 is judged).
+        env_seconds: Time the busiest env rank spent stepping its envs.
+        policy_seconds: Time the busiest rollout rank spent inside the policy.
+        rollout_seconds: The rollout's wall time.
+
+    Returns:
+        The message when the rest (hand-offs, wake-ups, calls) is at least
+        :data:`HANDOFF_SHARE` of the rollout, else None.
+    """
+    if stages != 1 or rollout_seconds <= 0:
+        return None
+    handoffs = rollout_seconds - env_seconds - policy_seconds
+    if handoffs < HANDOFF_SHARE * rollout_seconds:
+        return None
+    return (
+        f"hand-offs between the env and rollout workers took {handoffs:.3f} s of this "
+        f"{rollout_seconds:.3f} s rollout (envs {env_seconds:.3f} s, policy "
+        f"{policy_seconds:.3f} s); rollout.in_env_process: auto (or true) runs the policy in "
+        "the env workers without them and samples the same actions (docs/embodied.md, "
+        "'The policy in the env process')"
     )

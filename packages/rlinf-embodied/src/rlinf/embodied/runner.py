@@ -73,7 +73,7 @@ from rlinf.core.protocols.workers import (
 from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.pipelining import StageChooser, pipeline_advice
+from rlinf.embodied.pipelining import StageChooser, in_env_process_advice, pipeline_advice
 from rlinf.sched import GroupFuture, WorkerGroup, scale_actor, wait_all, wait_for_progress
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
@@ -494,6 +494,11 @@ class EmbodiedRunner(ClosesOnExit):
             self._wait([self.env.merge_train_stages()])
         return merged
 
+    def _could_act_in_env_workers(self) -> bool:
+        """Whether this run has a rollout group that ``rollout.in_env_process`` could replace."""
+        runner = self.cfg.runner
+        return self._rollout is not None and runner.mode == "sync" and not runner.online_scaling
+
     def _rollout_metrics(
         self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool
     ) -> dict[str, float]:
@@ -513,12 +518,15 @@ class EmbodiedRunner(ClosesOnExit):
             busy["time/policy_calls"] = max(float(t) for t in policy_times)
         # Once, after the first rollout (which includes the first resets and inferences).
         if self._train_rollouts == 2 and busy and not self.stage_chooser.active:
-            advice = pipeline_advice(
-                self.cfg.rollout.pipeline_stage_num,
-                env_seconds=busy["time/env_chunk_steps"],
-                policy_seconds=busy["time/policy_calls"],
-                rollout_seconds=elapsed,
-            )
+            costs = {
+                "env_seconds": busy["time/env_chunk_steps"],
+                "policy_seconds": busy["time/policy_calls"],
+                "rollout_seconds": elapsed,
+            }
+            stages = self.cfg.rollout.pipeline_stage_num
+            advice = pipeline_advice(stages, **costs)
+            if advice is None and self._could_act_in_env_workers():
+                advice = in_env_process_advice(stages, **costs)
             if advice:
                 _log.warning(advice)
         self.total_env_steps += env_steps
