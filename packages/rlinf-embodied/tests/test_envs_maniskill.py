@@ -6,6 +6,7 @@ Skipped with the reason when SAPIEN cannot start (e.g. no Vulkan driver for rgb)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +34,9 @@ def random_chunks(
         a = torch.rand(env.num_envs, c, env.spec.action_dim, generator=g) * 2 - 1
         out, m = env.chunk_step(a)
         assert out.rewards is not None and out.rewards.shape == (env.num_envs, c)
+        # ManiSkill steps under inference_mode, but callers get normal tensors they may
+        # write in place.
+        assert not any(t.is_inference() for t in (*out.obs.values(), out.rewards))
         assert out.terminations.shape == (env.num_envs, c)
         metrics.append(m)
     return metrics
@@ -61,6 +65,28 @@ def test_pickcube_state_chunks_auto_reset_and_metrics() -> None:
             "success_once",
             "success_at_end",
         }
+
+
+def test_every_call_into_maniskill_runs_under_inference_mode() -> None:
+    """Steps, resets and renders skip autograd's bookkeeping (ManiSkill's step is mostly
+    small torch ops); its inference tensors then never meet a call outside that mode."""
+    env = build(env_id="PickCube-v1", max_episode_steps=4, auto_reset=True)
+    seen: list[tuple[str, bool]] = []
+    with env:
+        for batch in env._batches:  # type: ignore[attr-defined]  # each simulator env
+            for name in ("step", "reset", "render"):
+                call = getattr(batch.env, name)
+
+                def record(*args: Any, _call: Any = call, _name: str = name, **kwargs: Any) -> Any:
+                    seen.append((_name, torch.is_inference_mode_enabled()))
+                    return _call(*args, **kwargs)
+
+                setattr(batch.env, name, record)
+        env.reset()
+        random_chunks(env, 5, 1)  # episode ends: auto-resets
+    assert {name for name, _ in seen} >= {"step", "reset"}
+    assert all(inference for _, inference in seen), seen
+    assert not torch.is_inference_mode_enabled()
 
 
 def test_pickcube_rgb_images_and_states() -> None:

@@ -44,19 +44,18 @@ def test_the_margin_keeps_near_ties_quiet() -> None:
 def test_one_stage_mostly_hand_offs_suggests_the_policy_in_the_env_process() -> None:
     # The README's CartPole job with a rollout group: 0.09 s of env and 0.06 s of policy
     # in a 0.34 s rollout, so 0.19 s of hand-offs.
-    message = in_env_process_advice(1, env_seconds=0.09, policy_seconds=0.06, rollout_seconds=0.34)
+    message = in_env_process_advice(env_seconds=0.09, policy_seconds=0.06, rollout_seconds=0.34)
     assert message is not None
     assert "rollout.in_env_process: auto" in message
     assert "0.190 s of this 0.340 s rollout" in message
 
 
-def test_hand_offs_below_the_share_or_several_stages_get_no_in_env_process_advice() -> None:
+def test_hand_offs_below_the_share_get_no_in_env_process_advice() -> None:
     costs = {"env_seconds": 0.5, "policy_seconds": 0.5 - HANDOFF_SHARE + 0.01}
-    assert in_env_process_advice(1, **costs, rollout_seconds=1.0) is None  # just under
+    assert in_env_process_advice(**costs, rollout_seconds=1.0) is None  # just under
     costs["policy_seconds"] -= 0.02
-    assert in_env_process_advice(1, **costs, rollout_seconds=1.0)  # just over
-    assert in_env_process_advice(2, **costs, rollout_seconds=1.0) is None  # stages: other advice
-    assert in_env_process_advice(1, **costs, rollout_seconds=0.0) is None
+    assert in_env_process_advice(**costs, rollout_seconds=1.0)  # just over
+    assert in_env_process_advice(**costs, rollout_seconds=0.0) is None
 
 
 # ----------------------------------------------------------------------------- StageChooser

@@ -154,6 +154,7 @@ def test_auto_runs_the_policy_in_the_env_process_where_the_run_allows_it(
     cfg = validate_config(data, EmbodiedConfig)
     assert cfg.rollout.in_env_process == "auto"
     assert cfg.policy_in_env_process is in_env
+    assert cfg.allows_policy_in_env_process is in_env  # (what the runner's advice asks too)
     for value in (True, False):  # an explicit setting is taken as it is
         assert (
             validate_config(

@@ -581,19 +581,25 @@ class EmbodiedConfig(RLinfModel):
     def policy_in_env_process(self) -> bool:
         """Whether a launcher should run the policy in the env workers (no rollout group).
 
-        ``rollout.in_env_process`` itself, or for ``auto`` whether the run allows it:
-        the sync runner without online scaling, and one pipeline stage (with more,
-        a rollout group overlaps the policy with the env; in the env process there
-        is nothing to overlap).
+        ``rollout.in_env_process`` itself, or for ``auto``
+        :attr:`allows_policy_in_env_process`.
         """
         choice = self.rollout.in_env_process
-        if choice == "auto":
-            return (
-                self.runner.mode == "sync"
-                and not self.runner.online_scaling
-                and self.rollout.pipeline_stage_num == 1
-            )
-        return choice
+        return self.allows_policy_in_env_process if choice == "auto" else choice
+
+    @property
+    def allows_policy_in_env_process(self) -> bool:
+        """Whether ``auto`` runs the policy in the env workers.
+
+        Yes for the sync runner without online scaling and with one pipeline stage
+        (with more, a rollout group overlaps the policy with the env; in the env
+        process there is nothing to overlap).
+        """
+        return (
+            self.runner.mode == "sync"
+            and not self.runner.online_scaling
+            and self.rollout.pipeline_stage_num == 1
+        )
 
     def stage_num_envs(self, split: Literal["train", "eval"] = "train") -> int:
         """Envs of one (env rank, pipeline stage): ``num_envs / pipeline_stage_num``."""

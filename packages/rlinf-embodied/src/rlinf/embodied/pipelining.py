@@ -153,18 +153,18 @@ running the policy in the env workers."""
 
 
 def in_env_process_advice(
-    stages: int, *, env_seconds: float, policy_seconds: float, rollout_seconds: float
+    *, env_seconds: float, policy_seconds: float, rollout_seconds: float
 ) -> str | None:
     """A warning when one stage's hand-offs to a rollout group cost much of the rollout.
 
     With one stage the env and the policy take turns, so a rollout takes about
     ``env + policy + hand-offs``; the policy in the env workers
     (``rollout.in_env_process``) removes the hand-offs and gives the same
-    samples. Call it only for runs that could do that (a rollout group, the sync
-    runner, no online scaling).
+    samples. Call it only for runs that could do that: a rollout group where
+    :attr:`~rlinf.embodied.config.EmbodiedConfig.allows_policy_in_env_process`
+    (one stage, the sync runner, no online scaling).
 
     Args:
-        stages: ``rollout.pipeline_stage_num`` (only 1 is judged).
         env_seconds: Time the busiest env rank spent stepping its envs.
         policy_seconds: Time the busiest rollout rank spent inside the policy.
         rollout_seconds: The rollout's wall time.
@@ -173,7 +173,7 @@ def in_env_process_advice(
         The message when the rest (hand-offs, wake-ups, calls) is at least
         :data:`HANDOFF_SHARE` of the rollout, else None.
     """
-    if stages != 1 or rollout_seconds <= 0:
+    if rollout_seconds <= 0:
         return None
     handoffs = rollout_seconds - env_seconds - policy_seconds
     if handoffs < HANDOFF_SHARE * rollout_seconds:

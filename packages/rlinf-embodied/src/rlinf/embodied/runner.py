@@ -494,11 +494,6 @@ class EmbodiedRunner(ClosesOnExit):
             self._wait([self.env.merge_train_stages()])
         return merged
 
-    def _could_act_in_env_workers(self) -> bool:
-        """Whether this run has a rollout group that ``rollout.in_env_process`` could replace."""
-        runner = self.cfg.runner
-        return self._rollout is not None and runner.mode == "sync" and not runner.online_scaling
-
     def _rollout_metrics(
         self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool
     ) -> dict[str, float]:
@@ -523,10 +518,10 @@ class EmbodiedRunner(ClosesOnExit):
                 "policy_seconds": busy["time/policy_calls"],
                 "rollout_seconds": elapsed,
             }
-            stages = self.cfg.rollout.pipeline_stage_num
-            advice = pipeline_advice(stages, **costs)
-            if advice is None and self._could_act_in_env_workers():
-                advice = in_env_process_advice(stages, **costs)
+            advice = pipeline_advice(self.cfg.rollout.pipeline_stage_num, **costs)
+            # (one stage here, so pipeline_advice said nothing)
+            if self._rollout is not None and self.cfg.allows_policy_in_env_process:
+                advice = in_env_process_advice(**costs)
             if advice:
                 _log.warning(advice)
         self.total_env_steps += env_steps
