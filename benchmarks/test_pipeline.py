@@ -16,7 +16,7 @@ env and the policy weigh the same. Target 1.5x, floor 1.1x (it has read
 measure pipelining itself (``rollout.adaptive_stages: false``).
 
 The CartPole row (32 envs, MLP) runs two stages with ``adaptive_stages`` on:
-the runner times a pipelined rollout and a merged one (each env rank's stages
+the runner times pipelined rollouts and merged ones (each env rank's stages
 as one env) and keeps the faster, so two stages should never lose to one
 (target 1.0x, floor 0.6x; pipelined, they ran 0.68-0.92x). An informational row (``-m
 slow``) does the same for ManiSkill PickCube (state, CPU sim, 8 envs).
@@ -64,6 +64,7 @@ from rlinf.embodied.models import (
     build_policy,
     register_policy,
 )
+from rlinf.embodied.pipelining import TRIAL_ROLLOUTS
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup
@@ -337,8 +338,8 @@ def steps_per_second(
             metrics = runner.generate_rollouts()  # warm-up: first reset, first inference
             steps[name] = int(metrics["rollout/env_steps"])  # env steps of one rollout
             if runner.cfg.rollout.adaptive_stages and STAGES[name] > 1:
-                runner.generate_rollouts()  # the pipelined and the merged trials: the
-                runner.generate_rollouts()  # timed rollouts run what the runner chose
+                for _ in range(2 * TRIAL_ROLLOUTS):  # the pipelined and the merged trials:
+                    runner.generate_rollouts()  # the timed rollouts run what they chose
             current[name] = runner
             yield
             del current[name]
@@ -400,7 +401,7 @@ def test_two_cartpole_stages_never_lose(
     """Cheap env and policy: with ``adaptive_stages`` two stages run merged, as fast as one."""
     launched, log_path = groups
     rates = steps_per_second(
-        launched, lambda s: cartpole_config(log_path, s), interleave, rounds=3, blocks=2
+        launched, lambda s: cartpole_config(log_path, s), interleave, rounds=4, blocks=3
     )
     record_stage_ratio(
         record_ratio,

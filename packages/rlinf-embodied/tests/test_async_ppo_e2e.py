@@ -28,11 +28,20 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlinf.core.config import compose_config, validate_config
 from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.pipelining import TRIAL_ROLLOUTS
 from rlinf.embodied.workers import EmbodiedFSDPActor
 from rlinf.sched import WorkerGroup
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 DISAGG = {"actor": 0, "env": 1, "rollout": 1}
+LAST_MERGED_TRIAL_NEXT = {
+    "rollouts": 2 * TRIAL_ROLLOUTS,
+    "merged": None,
+    "pipelined_rate": 0.0,
+    "merged_rate": 0.0,
+}
+"""A stage trial's state whose next rollout is the last merged trial, which these rates make win."""
+
 SMALL = [
     "runner.mode=async",
     "env.train.num_envs=8",
@@ -222,7 +231,7 @@ def test_async_ppo_merged_stage_trial_runs_one_env_per_rank(
     cfg = make_config(tmp_path, "merged", [*overrides, "runner.save_interval=3"])
     with AsyncPPORunner(cfg, actor, rollout, env) as runner:
         runner.init_workers()
-        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.stage_chooser.load_state(LAST_MERGED_TRIAL_NEXT)
         runner.run()
         assert runner.stage_chooser.merged is True
         tb_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root

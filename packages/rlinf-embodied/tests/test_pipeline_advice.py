@@ -5,6 +5,8 @@ from __future__ import annotations
 from rlinf.embodied.pipelining import (
     HANDOFF_SHARE,
     PIPELINE_MARGIN,
+    PIPELINED_MARGIN,
+    TRIAL_ROLLOUTS,
     StageChooser,
     in_env_process_advice,
     pipeline_advice,
@@ -69,33 +71,59 @@ def test_one_stage_or_disabled_never_merges() -> None:
             assert chooser.record(100.0) is None
 
 
-def test_the_third_rollout_is_the_merged_trial_and_the_faster_mode_stays() -> None:
+def test_two_trials_per_mode_and_the_faster_best_trial_stays() -> None:
+    assert TRIAL_ROLLOUTS == 2  # the rates below spell out two trials per mode
     chooser = StageChooser(2, True)
     modes, said = [], []
-    for rate in (50.0, 100.0, 150.0, 10.0, 10.0):  # warm-up, pipelined, merged, then slow
+    # warm-up, pipelined 100 and (slowed) 60, merged (first resets) 90 and 150, then slow
+    for rate in (50.0, 100.0, 60.0, 90.0, 150.0, 10.0, 10.0):
         modes.append(chooser.next_merged())
         said.append(chooser.record(rate))
-    assert modes == [False, False, True, True, True]
-    assert said[:2] == [None, None] and said[3:] == [None, None]
-    message = said[2]
+    assert modes == [False, False, False, True, True, True, True]
+    assert said[:4] == [None] * 4 and said[5:] == [None, None]
+    message = said[4]
     assert message is not None
     assert "pipeline_stage_num=2" in message and "100" in message and "150" in message
+    assert "best of 2" in message
     assert "merged from now on" in message and "rollout.adaptive_stages" in message
 
 
-def test_a_slower_merged_trial_keeps_the_stages_pipelined() -> None:
+def test_one_slow_pipelined_trial_does_not_flip_the_choice() -> None:
+    """Each mode counts with its best trial: a slowed pipelined rollout (a load burst)
+    does not make a slower merged mode win."""
     chooser = StageChooser(2, True)
-    for rate in (50.0, 100.0, 90.0):
+    for rate in (50.0, 40.0, 120.0, 100.0, 90.0):  # pipelined 40 (slowed), 120; merged 100, 90
         chooser.record(rate)
     assert chooser.merged is False and not chooser.next_merged()
 
 
+def test_pipelined_stages_stay_only_when_clearly_faster() -> None:
+    assert PIPELINED_MARGIN == 0.1  # the rates below sit on either side of it
+    for merged_best, merged in ((100.0, True), (91.0, True), (90.0, True), (89.0, False)):
+        chooser = StageChooser(2, True)
+        for rate in (50.0, 99.0, 99.0, merged_best - 5.0, merged_best):
+            chooser.record(rate)
+        assert chooser.merged is merged, (merged_best, chooser.merged)
+        assert chooser.next_merged() is merged
+
+
 def test_the_state_round_trips_so_a_resumed_run_repeats_the_trials() -> None:
     straight = StageChooser(2, True)
-    straight.record(50.0)
-    straight.record(100.0)  # saved here, before the merged trial
+    for rate in (50.0, 100.0, 80.0, 110.0):  # saved here, between the two merged trials
+        straight.record(rate)
     resumed = StageChooser(2, True)
     resumed.load_state(straight.state())
     assert resumed.next_merged() is straight.next_merged() is True
-    assert resumed.record(120.0) == straight.record(120.0)
+    assert resumed.record(90.0) == straight.record(90.0)  # best merged 110 > 100
     assert resumed.merged is straight.merged is True
+
+
+def test_a_state_saved_before_the_merged_rate_was_kept_loads() -> None:
+    """Checkpoints from before several trials per mode have no ``merged_rate``."""
+    chooser = StageChooser(2, True)
+    chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 100.0})
+    assert not chooser.next_merged()  # rollout 3: the second pipelined trial
+    chooser.record(90.0)
+    assert chooser.next_merged()
+    chooser.record(120.0)
+    assert chooser.record(80.0) is not None and chooser.merged is True

@@ -36,6 +36,7 @@ from rlinf.embodied import runner as runner_module
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.envs import available_envs, register_env
 from rlinf.embodied.envs.gym_env import GymVectorEnv
+from rlinf.embodied.pipelining import TRIAL_ROLLOUTS
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerError, WorkerGroup
@@ -43,6 +44,13 @@ from rlinf.sched import Cluster, HybridComponentPlacement, WorkerError, WorkerGr
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
 COLLOCATED = {"actor,env,rollout": "0-1"}
+LAST_MERGED_TRIAL_NEXT = {
+    "rollouts": 2 * TRIAL_ROLLOUTS,
+    "merged": None,
+    "pipelined_rate": 0.0,
+    "merged_rate": 0.0,
+}
+"""A stage trial's state whose next rollout is the last merged trial, which these rates make win."""
 
 
 def make_config(
@@ -308,18 +316,20 @@ def test_same_config_trains_hybrid(
     ]
 
 
-def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(
+def test_adaptive_stages_run_merged_trials_and_keep_a_choice(
     collocated: list[WorkerGroup], tmp_path: Path
 ) -> None:
-    """Rollout 3 runs each env rank's two stages as one stream; the run trains on."""
+    """After the warm-up and the pipelined trials, the merged trials run each env rank's two
+    stages as one stream; the choice holds after them and the run trains on."""
     actor, rollout, env = collocated
+    steps = 1 + 2 * TRIAL_ROLLOUTS + 1  # warm-up, the trials, one step with the choice
     cfg = make_config(
         tmp_path,
         "adaptive",
         [
             *SMALL,
-            "runner.max_epochs=4",
-            "runner.val_check_interval=4",
+            f"runner.max_epochs={steps}",
+            f"runner.val_check_interval={steps}",
             "rollout.pipeline_stage_num=2",
         ],
         placement=COLLOCATED,
@@ -332,11 +342,14 @@ def test_adaptive_stages_run_a_merged_trial_and_keep_a_choice(
     tb_dir = runner.tensorboard_dir
     assert chosen is not None
     merged = scalars(tb_dir, "rollout/stages_merged")
-    assert [merged[s] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, float(chosen)]
+    pipelined_trials, merged_trials = [0.0] * TRIAL_ROLLOUTS, [1.0] * TRIAL_ROLLOUTS
+    expected = [0.0, *pipelined_trials, *merged_trials, float(chosen)]
+    assert [merged[s] for s in range(1, steps + 1)] == expected
     # Every rollout, merged or not, brings all 2 ranks * 8 envs * 32 sub-steps.
-    assert scalars(tb_dir, "rollout/env_steps") == {s: s * 2 * 8 * 32.0 for s in (1, 2, 3, 4)}
+    all_steps = range(1, steps + 1)
+    assert scalars(tb_dir, "rollout/env_steps") == {s: s * 2 * 8 * 32.0 for s in all_steps}
     losses = scalars(tb_dir, "train/actor/policy_loss")
-    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
+    assert sorted(losses) == list(all_steps) and all(math.isfinite(v) for v in losses.values())
     assert metrics["eval/num_episodes"] == 2 * 4
 
 
@@ -356,7 +369,7 @@ def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
     with EmbodiedRunner(first, actor, rollout, env) as runner:
         runner.init_workers()
         # The merged trial comes next, against a pipelined rate it beats: merged wins.
-        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.stage_chooser.load_state(LAST_MERGED_TRIAL_NEXT)
         runner.run()
         assert runner.stage_chooser.merged is True
         straight_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
@@ -379,7 +392,7 @@ def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
     split = make_config(tmp_path, "split", short, placement=HYBRID)
     with EmbodiedRunner(split, actor, rollout, env) as runner:
         runner.init_workers()
-        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 1e12})
+        runner.stage_chooser.load_state({**LAST_MERGED_TRIAL_NEXT, "pipelined_rate": 1e12})
         runner.run()
         assert runner.stage_chooser.merged is False
         split_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
@@ -419,7 +432,7 @@ def test_merged_stages_of_an_unpicklable_env_resume_merged(
     first = make_config(tmp_path, "unpicklable", [*common, "runner.max_epochs=2"], HYBRID)
     with EmbodiedRunner(first, actor, rollout, env) as runner:
         runner.init_workers()
-        runner.stage_chooser.load_state({"rollouts": 2, "merged": None, "pipelined_rate": 0.0})
+        runner.stage_chooser.load_state(LAST_MERGED_TRIAL_NEXT)
         runner.run()
         ckpt_root = runner.checkpoint_root
     saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)

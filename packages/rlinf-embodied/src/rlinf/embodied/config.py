@@ -318,10 +318,10 @@ class RolloutConfig(RLinfModel):
     )
     adaptive_stages: bool = Field(
         True,
-        description="With pipeline_stage_num > 1: time the 2nd rollout pipelined and the "
-        "3rd with each env rank's stages merged into one stream (one hand-off per round), "
-        "and keep the faster. Timing-based, so sampling may differ between machines; "
-        "false keeps the stages pipelined.",
+        description="With pipeline_stage_num > 1: after a warm-up rollout, time two "
+        "rollouts pipelined and two with each env rank's stages merged into one stream (one "
+        "hand-off per round), and keep the mode of the faster best trial. Timing-based, so "
+        "sampling may differ between machines; false keeps the stages pipelined.",
     )
     in_env_process: bool | Literal["auto"] = Field(
         False,

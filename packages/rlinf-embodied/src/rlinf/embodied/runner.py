@@ -486,7 +486,7 @@ class EmbodiedRunner(ClosesOnExit):
     def _next_stage_layout(self) -> bool:
         """Whether the next training rollout runs merged stages.
 
-        For the merged trial, each env rank first makes its stages one env, so call
+        For the merged trials, each env rank first makes its stages one env, so call
         it with no rollout in flight.
         """
         merged = self.stage_chooser.next_merged()
