@@ -320,8 +320,9 @@ class RolloutConfig(RLinfModel):
         True,
         description="With pipeline_stage_num > 1: after a warm-up rollout, time two "
         "rollouts pipelined and two with each env rank's stages merged into one stream (one "
-        "hand-off per round), and keep the mode of the faster best trial. Timing-based, so "
-        "sampling may differ between machines; false keeps the stages pipelined.",
+        "hand-off per round); keep them merged unless the best pipelined rollout was more than "
+        "10% faster. Timing-based, so sampling may differ between machines; false keeps the "
+        "stages pipelined.",
     )
     in_env_process: bool | Literal["auto"] = Field(
         False,
