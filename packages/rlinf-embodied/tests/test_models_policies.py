@@ -189,6 +189,28 @@ def test_recomputed_logprobs_and_values_match(model_type: str, discrete: bool) -
     assert_close(torch.cat([h["logprobs"] for h in halves]), out.prev_logprobs, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("model_type", "discrete"), [("mlp", False), ("mlp", True), ("cnn", False), ("cnn", True)]
+)
+def test_rollout_path_equals_module_calls(model_type: str, discrete: bool) -> None:
+    """predict_actions_first (run_plain, logprobs on complete()) == modules + sample, exactly."""
+    policy, spec = make_policy(model_type, discrete, chunks=2)
+    obs = make_obs(spec, n=3)
+    for mode in ("train", "eval"):
+        actions, complete = policy.predict_actions_first(
+            obs, mode=mode, generator=torch.Generator().manual_seed(11)
+        )
+        out = complete()
+        with torch.no_grad():
+            params = logits_of(policy, policy._to_device(policy._select_inputs(obs)))
+            expected = policy.action_head.sample(
+                params, mode == "eval", torch.Generator().manual_seed(11)
+            )
+        assert torch.equal(actions, expected[0])
+        assert torch.equal(out.forward_inputs["action"], expected[1])
+        assert out.prev_logprobs is not None and torch.equal(out.prev_logprobs, expected[2])
+
+
 def test_stored_action_does_not_alias_env_actions() -> None:
     policy, spec = make_policy("mlp", discrete=False)
     out = policy.predict_action_batch(make_obs(spec))

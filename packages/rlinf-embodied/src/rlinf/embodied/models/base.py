@@ -32,6 +32,7 @@ from rlinf.embodied.models.heads import (
     ValueHead,
     build_mlp,
 )
+from rlinf.embodied.models.plain_call import run_plain
 
 __all__ = ["ActorCriticPolicy", "BasePolicy"]
 
@@ -407,19 +408,23 @@ class ActorCriticPolicy(BasePolicy):
 
         The value head is a network of its own (on the encoder's features), so a
         rollout worker can run it after the actions are on their way to the env;
-        with ``values`` False ``complete()`` skips it (``prev_values`` None).
+        with ``values`` False ``complete()`` skips it (``prev_values`` None). The
+        logprobs also wait for ``complete()`` (:meth:`ActionHead.draw`), and the
+        trunk and head run through :func:`run_plain` (the same values, fewer
+        module calls on the per-step path).
         """
         self._check_mode(mode)
         with torch.no_grad():
             inputs = self._select_inputs(obs)
             features = self._encode(self._to_device(inputs))
-            params = self.action_head(self.actor_backbone(features))
-            actions, stored, logprobs = self.action_head.sample(
+            params = run_plain(self.action_head, run_plain(self.actor_backbone, features))
+            actions, rest = self.action_head.draw(
                 params, deterministic=mode == "eval", generator=generator
             )
 
         def complete() -> PolicyOutput:
             with torch.no_grad():
+                stored, logprobs = rest()
                 prev_values = self._values(features) if values else None
             return PolicyOutput(
                 actions=actions,

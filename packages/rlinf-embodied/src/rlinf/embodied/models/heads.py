@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rlinf.embodied.models.config import Activation
+from rlinf.embodied.models.plain_call import run_plain
 
 __all__ = [
     "ActionHead",
@@ -169,6 +170,9 @@ class ActionHead(nn.Module, ABC):
     num_chunks: int
     action_dim: int
 
+    plain_forward = True
+    """``forward`` only runs layers through :func:`run_plain` (see that module)."""
+
     @abstractmethod
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
@@ -184,6 +188,20 @@ class ActionHead(nn.Module, ABC):
             ``(env_actions [n, C, A] float32, stored_action, logprobs)``, where
             ``stored_action`` is what :meth:`log_prob` takes back.
         """
+
+    def draw(
+        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """:meth:`sample`, split for the rollout: the env's actions now, the rest on call.
+
+        The random draw happens here; the returned function gives
+        ``(stored_action, logprobs)``, the same values :meth:`sample` returns, so a
+        rollout can send the actions before computing the logprobs (a rollout
+        worker does that while the env steps). The env actions must not be
+        written in place before the function is called.
+        """
+        actions, stored, logprobs = self.sample(params, deterministic, generator)
+        return actions, lambda: (stored, logprobs)
 
     @abstractmethod
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
@@ -213,8 +231,7 @@ class GaussianActionHead(ActionHead):
 
     def forward(self, features: Tensor) -> Tensor:
         """Action means ``[n, C * A]`` (float32)."""
-        mean: Tensor = self.mean(features)
-        return _float32(mean)
+        return _float32(run_plain(self.mean, features))
 
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
@@ -229,20 +246,34 @@ class GaussianActionHead(ActionHead):
         Returns:
             ``(actions [n, C, A], actions [n, C, A], logprobs [n, C * A])``.
         """
+        actions, rest = self.draw(params, deterministic, generator)
+        stored, logprobs = rest()
+        return actions, stored, logprobs
+
+    def draw(
+        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """See :meth:`ActionHead.draw` (the logprobs wait for the call)."""
         log_std = _float32(self.log_std)
         if deterministic:
             flat = params.clone()
-            logprobs = gaussian_log_prob(flat, params, log_std)
-        else:
-            eps = torch.randn(
-                params.shape, generator=generator, device=params.device, dtype=params.dtype
-            )
-            flat = torch.addcmul(params, log_std.exp(), eps)
-            # gaussian_log_prob(flat, params, log_std) from eps itself (z = eps): five
+            actions = flat.view(-1, self.num_chunks, self.action_dim)
+            stored = actions.clone()
+            return actions, lambda: (stored, gaussian_log_prob(flat, params, log_std))
+        eps = torch.randn(
+            params.shape, generator=generator, device=params.device, dtype=params.dtype
+        )
+        actions = torch.addcmul(params, log_std.exp(), eps).view(
+            -1, self.num_chunks, self.action_dim
+        )
+        stored = actions.clone()
+
+        def rest() -> tuple[Tensor, Tensor]:
+            # gaussian_log_prob(actions, params, log_std) from eps itself (z = eps): five
             # fewer small ops per rollout step; equal up to float32 rounding.
-            logprobs = eps.square().mul_(-0.5).sub_(log_std + _HALF_LOG_2PI)
-        actions = flat.view(-1, self.num_chunks, self.action_dim)
-        return actions, actions.clone(), logprobs
+            return stored, eps.square().mul_(-0.5).sub_(log_std + _HALF_LOG_2PI)
+
+        return actions, rest
 
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
         """Per-dimension logprobs ``[n, C * A]`` of ``action`` (``[n, C, A]`` or ``[n, C * A]``)."""
@@ -271,8 +302,8 @@ class CategoricalActionHead(ActionHead):
 
     def forward(self, features: Tensor) -> Tensor:
         """Logits ``[n, C, K]`` (float32)."""
-        logits: Tensor = self.logits(features)
-        return logits.float().view(-1, self.num_chunks, self.num_actions)
+        logits = run_plain(self.logits, features)
+        return _float32(logits).view(-1, self.num_chunks, self.num_actions)
 
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
@@ -287,14 +318,21 @@ class CategoricalActionHead(ActionHead):
         Returns:
             ``(indices as float [n, C, 1], indices int64 [n, C, 1], logprobs [n, C])``.
         """
+        actions, rest = self.draw(params, deterministic, generator)
+        stored, logprobs = rest()
+        return actions, stored, logprobs
+
+    def draw(
+        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """See :meth:`ActionHead.draw` (the logprobs wait for the call)."""
         if deterministic:
             index = params.argmax(-1)
         else:
             probs = torch.softmax(params, dim=-1).view(-1, self.num_actions)
             index = torch.multinomial(probs, 1, generator=generator).view(params.shape[:-1])
-        logprobs = categorical_log_prob(params, index)
         stored = index.unsqueeze(-1)
-        return stored.float(), stored, logprobs
+        return stored.float(), lambda: (stored, categorical_log_prob(params, index))
 
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
         """Logprobs ``[n, C]`` of stored indices (``[n, C, 1]`` or ``[n, C]``, any dtype)."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import torch
 
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
-from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
 from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
@@ -287,6 +288,13 @@ class EnvWorker(Worker):
         builders: list[TrajectoryBuilder] = []
         closing = [False] * len(streams)
         env_steps, env_time = 0, 0.0
+        # With the policy in this process nothing overlaps the env, so a stream's
+        # bookkeeping (policy outputs, trajectory rows) waits for its end and runs
+        # there in one pass, while the caches are warm, not after every simulator
+        # step (see _Deferred).
+        deferred = (
+            [_Deferred() for _ in streams] if isinstance(action_channel, InProcessPolicy) else None
+        )
         with self.worker_timer("interact"):
             for stream in streams:
                 last = [self._last[i] for i in stream.env_ids]
@@ -315,6 +323,8 @@ class EnvWorker(Worker):
                 for i in list(active):
                     stream, key = streams[i], streams[i].key
                     if t == steps or closing[i]:  # the values of the LastObs sent last round
+                        if deferred is not None:
+                            env_steps += deferred[i].replay(builders[i])
                         policy_out = action_channel.get(key=key, timeout=timeout)
                         obs_channel.put(None, key=key, timeout=timeout)
                         traj = builders[i].finish(policy_out, self._group_ids(stream), steps)
@@ -337,11 +347,12 @@ class EnvWorker(Worker):
                     obs_channel.put(
                         LastObs(message) if is_last else message, key=key, timeout=timeout
                     )
-                    policy_out = action_channel.get(key=key, timeout=timeout)
                     alive = stream.last_alive_mask()
-                    env_steps += int(alive.sum())
-                    builders[i].add_policy_output(policy_out)
-                    builders[i].add_chunk(out, alive)
+                    if deferred is not None:
+                        deferred[i].add(action_channel.get_later(key), out, alive)
+                    else:
+                        policy_out = action_channel.get(key=key, timeout=timeout)
+                        env_steps += _record(builders[i], policy_out, out, alive)
                     for name, values in metrics.items():
                         episodes[name].extend(values)
                     for env_id, env_out in zip(stream.env_ids, outs, strict=True):
@@ -480,6 +491,44 @@ class EnvWorker(Worker):
         self._advance_seed_epochs([int(epoch) for epoch in state["seed_epochs"]])
         self._last = [None] * len(self.train_envs)
         return int(state["step"])
+
+
+def _record(
+    builder: TrajectoryBuilder, policy_out: PolicyOutput, out: EnvOutput, alive: torch.Tensor
+) -> int:
+    """Adds one chunk step to a stream's trajectory; returns its live env sub-steps."""
+    builder.add_policy_output(policy_out)
+    builder.add_chunk(out, alive)
+    return int(alive.sum())
+
+
+class _Deferred:
+    """A stream's chunk steps whose bookkeeping waits for the stream's end.
+
+    With the policy in the env process, the policy output of each chunk (its
+    logprobs, the ``PolicyOutput``) and the trajectory rows were computed right
+    after each simulator step, which leaves the caches cold: on the hot-path VM
+    that work cost several times what it costs in one pass at the end. The env
+    outputs and alive masks are fresh objects per step (envs never write a
+    handed-out tensor), so keeping them until then is safe.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[Callable[[], PolicyOutput], EnvOutput, torch.Tensor]] = []
+
+    def add(
+        self, policy_out: Callable[[], PolicyOutput], out: EnvOutput, alive: torch.Tensor
+    ) -> None:
+        """Keeps one chunk step: its policy output (computed on call), env output and mask."""
+        self.steps.append((policy_out, out, alive))
+
+    def replay(self, builder: TrajectoryBuilder) -> int:
+        """Records the kept steps in order; returns their live env sub-steps."""
+        live = sum(
+            _record(builder, policy_out(), out, alive) for policy_out, out, alive in self.steps
+        )
+        self.steps.clear()
+        return live
 
 
 class _Stream:

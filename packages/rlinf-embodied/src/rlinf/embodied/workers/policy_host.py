@@ -255,11 +255,23 @@ class InProcessPolicy:
 
     def get(self, key: str, timeout: float | None = None) -> Any:
         """The next action chunk, or (train) complete policy output, of stream ``key``."""
+        item = self._next(key)
+        return item() if callable(item) else item
+
+    def get_later(self, key: str) -> Callable[[], Any]:
+        """What :meth:`get` would return, as a function called later.
+
+        A complete policy output is computed only when the function is called (the
+        env worker calls them at the stream's end).
+        """
+        item = self._next(key)
+        return item if callable(item) else lambda: item
+
+    def _next(self, key: str) -> Any:
         pending = self._pending[key]
         if not pending:
             raise RuntimeError(f"stream {key!r}: get() before put(): no observation to act on")
-        item = pending.popleft()
-        return item() if callable(item) else item
+        return pending.popleft()
 
 
 def _load_trainable(
