@@ -42,6 +42,7 @@ seeded from ``(group seed, k)``, so envs of a group keep sharing starts.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -86,6 +87,10 @@ class StepResult:
     terminated: NDArray[Any]
     truncated: NDArray[Any]
     success: NDArray[Any] | None = None
+
+
+_NO_EPISODES = torch.zeros(0)
+"""The metric of no finished episode (shared: nothing writes into an empty tensor)."""
 
 
 class VectorEnv(abc.ABC, ClosesOnExit):
@@ -327,18 +332,20 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         finished: list[tuple[int, float, int, bool, bool]] = []
         env0_was_done = bool(self._done[0])
 
+        # (np.count_nonzero instead of .any()/.all(): several times cheaper on a few envs)
         for c in range(num_sub):
-            live = ~self._done
-            if not live.any():
+            if np.count_nonzero(self._done) == n:
                 break
-            stepping = live & ~self._frozen
+            live = ~self._done
+            stepping = live & ~self._frozen if np.count_nonzero(self._frozen) else live
+            stepped = np.count_nonzero(stepping)
             term = np.zeros(n, dtype=bool)
             trunc = np.zeros(n, dtype=bool)
-            if stepping.any():
+            if stepped:
                 res = self._step_envs(acts[:, c], stepping)
                 # Every env stepping (the common case): whole-array slices, no gathers.
                 idx: NDArray[Any] | slice = (
-                    slice(None) if stepping.all() else np.flatnonzero(stepping)
+                    slice(None) if stepped == n else np.flatnonzero(stepping)
                 )
                 r = np.asarray(res.rewards, dtype=np.float64)[idx] * self.reward_scale
                 rewards[idx, c] = r
@@ -359,7 +366,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 term[:] = False
             trunc = live & (trunc | (self._elapsed >= max_steps))
             ended = term | trunc
-            if ended.any():
+            if np.count_nonzero(ended):
                 self._done |= ended
                 self._final_term |= term
                 self._final_trunc |= trunc
@@ -384,7 +391,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             self._video.flush()
 
         final_obs: Obs | None = None
-        if self.auto_reset and self._done.any():
+        if self.auto_reset and np.count_nonzero(self._done):
             final_obs = dict(obs)  # never written: the reset rows go into copies
             env_ids = np.flatnonzero(self._done)
             self._episode_index[env_ids] += 1
@@ -470,8 +477,12 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 f"got shape {tuple(a.shape)}"
             )
         # numpy for the checks: on a few envs each torch op costs several times more.
-        arr = a.detach().to("cpu", torch.float32).numpy()
-        if not np.isfinite(arr).all():
+        if a.dtype == torch.float32:
+            arr = a.numpy(force=True)  # (one call: detach, to the CPU; a view when it can)
+        else:
+            arr = a.detach().to("cpu", torch.float32).numpy()
+        # One reduction: a float64 sum of float32 values is finite iff every value is.
+        if not math.isfinite(np.add.reduce(arr, axis=None, dtype=np.float64)):
             raise ValueError("actions contain NaN or inf; check the policy's outputs")
         if self.spec.num_actions is not None:
             idx = np.rint(arr).astype(np.int64)
@@ -554,8 +565,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
         if not rows:  # most chunk steps end no episode
             keys = ["return", "episode_len", "reward"]
             keys += ["success_once", "success_at_end"] if self.defines_success else []
-            empty = torch.zeros(0)
-            return dict.fromkeys(keys, empty)
+            return dict.fromkeys(keys, _NO_EPISODES)
         returns = torch.tensor([r[1] for r in rows], dtype=torch.float32)
         lengths = torch.tensor([r[2] for r in rows], dtype=torch.float32)
         out = {

@@ -311,6 +311,8 @@ class ManiSkillVectorEnv(VectorEnv):
         return {key: value[rows] for key, value in self._last.items()}
 
     def _step_envs(self, actions: torch.Tensor, active: NDArray[Any]) -> StepResult:
+        if len(self._batches) == 1:  # every env in one batch: the GPU sim, or one CPU env
+            return self._step_one_batch(actions)
         n = self.num_envs
         rewards = np.zeros(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
@@ -335,6 +337,24 @@ class ManiSkillVectorEnv(VectorEnv):
             terminated=terminated,
             truncated=truncated,
             success=success,
+        )
+
+    def _step_one_batch(self, actions: torch.Tensor) -> StepResult:
+        """:meth:`_step_envs` when one batch holds every env: its outputs as they come.
+
+        (The caller steps only if some env is active, and a batch steps as a whole.)
+        The obs may be views of the simulator's tensors: ``chunk_step`` copies them.
+        """
+        raw, reward, term, trunc, info = self._batches[0].step(actions)
+        success = info.get("success")
+        return StepResult(
+            obs=self._convert(raw, self._k),
+            rewards=_flat_numpy(reward),
+            terminated=_flat_numpy(term),
+            truncated=_flat_numpy(trunc),
+            success=np.zeros(self.num_envs, dtype=bool)
+            if success is None
+            else _flat_numpy(success),
         )
 
     def _render_frame(self) -> NDArray[Any] | None:
