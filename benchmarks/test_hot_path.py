@@ -39,9 +39,9 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   included); the policy's ``predict_actions_first`` (the actions, on the
   env's critical path), the same right after a chunk step (as in a rollout:
   the simulator step leaves the caches cold: on the 2-core VM it read
-  2.2-2.9x the warm time in three runs), and ``complete()`` (the value head, which the rollout
-  runs while the env steps); the value head run once on a whole stream's
-  ``T + 1`` observations, per env step (what the env process does with
+  2.2-2.9x the warm time in three runs), and ``complete()`` (the logprobs and the
+  value head, which a rollout worker runs while the env steps); the value head
+  run once on a whole stream's ``T + 1`` observations, per env step (what the env process does with
   ``rollout.in_env_process``, where nothing overlaps the env); pickling and
   unpickling each message of a hop
   (the observation message, the action chunk, the complete ``PolicyOutput``:
@@ -356,7 +356,7 @@ def test_profile_of_one_chunk_step(record_ratio: Callable[..., object], tmp_path
     parts["policy predict_actions_first right after a chunk step (in situ)"] = (
         statistics.median(after_step[30:]) * 1e6
     )
-    parts["policy complete(): value head (overlaps the env)"] = (
+    parts["policy complete(): logprobs and value head (overlap the env)"] = (
         _median_us(lambda: predict()[1]()) - parts["policy predict_actions_first (critical)"]
     )
     stream_obs = {"states": out.obs["states"].repeat(STEPS + 1, 1)}  # one stream's T + 1 rows

@@ -28,7 +28,11 @@ With ``rollout.in_env_process`` there is no rollout group: :meth:`EnvWorker.init
 builds the policy in this process, the actor's weight syncs reach it
 (:meth:`EnvWorker.sync_model_from_actor`), and the same loops act through an
 :class:`~rlinf.embodied.workers.policy_host.InProcessPolicy` instead of the
-observation and action channels, so nothing crosses a process per step.
+observation and action channels, so nothing crosses a process per step. There
+the training rollout keeps each chunk step's policy output (computed on call)
+and env output, and builds the stream's trajectory from them in one pass at the
+stream's end (``_Deferred``): nothing overlaps the env in this process, and that
+work ran slower right after each simulator step than in one pass.
 """
 
 from __future__ import annotations
