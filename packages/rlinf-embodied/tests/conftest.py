@@ -26,6 +26,18 @@ def _refuse_remote(host: Any) -> None:
 
 
 @pytest.fixture(scope="module")
+def single_torch_thread() -> Iterator[None]:
+    """Tiny models: one intra-op thread avoids OpenMP oversubscription on busy 2-core machines.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("single_torch_thread")``.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def vla_offline() -> Iterator[None]:
     """One torch thread, the Hugging Face hub offline, and no connection beyond localhost.
 

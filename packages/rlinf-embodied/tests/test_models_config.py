@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from pydantic import ValidationError
@@ -26,13 +24,7 @@ STATE_SPEC = EnvSpec(state_dim=4, image_shape=None, action_dim=2)
 IMAGE_SPEC = EnvSpec(state_dim=None, image_shape=(64, 64, 3), action_dim=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """Tiny models: one intra-op thread avoids OpenMP oversubscription on busy 2-core machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 class _Actor(RLinfModel):

@@ -7,7 +7,7 @@ that an untrained policy misses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import pytest
 import torch
@@ -53,13 +53,7 @@ class Adam:
             p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """Tiny models: one intra-op thread avoids OpenMP oversubscription on busy 2-core machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def test_mlp_behaviour_cloning_and_value_fit() -> None:

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from rlinf.embodied.models import CategoricalActionHead, GaussianActionHead
+from rlinf.embodied.models import ActionHead, CategoricalActionHead, GaussianActionHead
 from rlinf.embodied.models.heads import build_mlp
 from rlinf.embodied.models.plain_call import run_plain
 
 ACTIVATIONS = ["tanh", "relu", "elu", "gelu", "silu"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -101,28 +96,26 @@ def test_global_hooks_and_other_modules_fall_back() -> None:
     assert torch.equal(run_plain(nn.Sequential(layer), x), layer(x))
 
 
-def test_gaussian_draw_equals_sample() -> None:
+def _gaussian() -> ActionHead:
+    return GaussianActionHead(8, num_chunks=2, action_dim=3, init_log_std=-0.5)
+
+
+def _categorical() -> ActionHead:
+    return CategoricalActionHead(8, num_chunks=3, num_actions=4)
+
+
+@pytest.mark.parametrize("make_head", [_gaussian, _categorical], ids=["gaussian", "categorical"])
+def test_draw_equals_sample(make_head: Callable[[], ActionHead]) -> None:
     torch.manual_seed(0)
-    head = GaussianActionHead(8, num_chunks=2, action_dim=3, init_log_std=-0.5)
+    head = make_head()
     features = torch.randn(5, 8)
     params = head(features)
-    assert torch.equal(params, head.mean(features))
+    layer = head.mean if isinstance(head, GaussianActionHead) else head.logits
+    assert torch.equal(params.flatten(1), layer(features))
     for deterministic in (False, True):
         expected = head.sample(params, deterministic, torch.Generator().manual_seed(3))
         actions, rest = head.draw(params, deterministic, torch.Generator().manual_seed(3))
         stored, logprobs = rest()
         for got, want in zip((actions, stored, logprobs), expected, strict=True):
             assert torch.equal(got, want)
-        assert stored.data_ptr() != actions.data_ptr()  # the stored copy does not alias
-
-
-def test_categorical_draw_equals_sample() -> None:
-    torch.manual_seed(0)
-    head = CategoricalActionHead(8, num_chunks=3, num_actions=4)
-    params = head(torch.randn(6, 8))
-    for deterministic in (False, True):
-        expected = head.sample(params, deterministic, torch.Generator().manual_seed(5))
-        actions, rest = head.draw(params, deterministic, torch.Generator().manual_seed(5))
-        stored, logprobs = rest()
-        for got, want in zip((actions, stored, logprobs), expected, strict=True):
-            assert torch.equal(got, want)
+        assert stored.data_ptr() != actions.data_ptr() or stored.dtype != actions.dtype

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,13 +26,7 @@ from rlinf.embodied.models.config import ValueType
 N = 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """Tiny models: one intra-op thread avoids OpenMP oversubscription on busy 2-core machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def assert_close(

@@ -173,7 +173,6 @@ class ActionHead(nn.Module, ABC):
     plain_forward = True
     """``forward`` only runs layers through :func:`run_plain` (see that module)."""
 
-    @abstractmethod
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -188,7 +187,11 @@ class ActionHead(nn.Module, ABC):
             ``(env_actions [n, C, A] float32, stored_action, logprobs)``, where
             ``stored_action`` is what :meth:`log_prob` takes back.
         """
+        actions, rest = self.draw(params, deterministic, generator)
+        stored, logprobs = rest()
+        return actions, stored, logprobs
 
+    @abstractmethod
     def draw(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
@@ -200,8 +203,6 @@ class ActionHead(nn.Module, ABC):
         worker does that while the env steps). The env actions must not be
         written in place before the function is called.
         """
-        actions, stored, logprobs = self.sample(params, deterministic, generator)
-        return actions, lambda: (stored, logprobs)
 
     @abstractmethod
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
@@ -233,27 +234,20 @@ class GaussianActionHead(ActionHead):
         """Action means ``[n, C * A]`` (float32)."""
         return _float32(run_plain(self.mean, features))
 
-    def sample(
-        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Samples ``mean + std * eps`` (unclipped) or returns the mean.
-
-        Args:
-            params: Means ``[n, C * A]``.
-            deterministic: Return the mean.
-            generator: Random generator for ``eps``.
-
-        Returns:
-            ``(actions [n, C, A], actions [n, C, A], logprobs [n, C * A])``.
-        """
-        actions, rest = self.draw(params, deterministic, generator)
-        stored, logprobs = rest()
-        return actions, stored, logprobs
-
     def draw(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """See :meth:`ActionHead.draw` (the logprobs wait for the call)."""
+        """Samples ``mean + std * eps`` (unclipped), or takes the mean; see :meth:`ActionHead.draw`.
+
+        Args:
+            params: Means ``[n, C * A]``.
+            deterministic: Take the mean.
+            generator: Random generator for ``eps``.
+
+        Returns:
+            ``actions [n, C, A]`` and a function giving ``(actions [n, C, A] (a copy),
+            logprobs [n, C * A])``.
+        """
         log_std = _float32(self.log_std)
         if deterministic:
             flat = params.clone()
@@ -305,10 +299,10 @@ class CategoricalActionHead(ActionHead):
         logits = run_plain(self.logits, features)
         return _float32(logits).view(-1, self.num_chunks, self.num_actions)
 
-    def sample(
+    def draw(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Samples an index per sub-step, or takes the argmax.
+    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """Samples an index per sub-step, or takes the argmax; see :meth:`ActionHead.draw`.
 
         Args:
             params: Logits ``[n, C, K]``.
@@ -316,16 +310,9 @@ class CategoricalActionHead(ActionHead):
             generator: Random generator for sampling.
 
         Returns:
-            ``(indices as float [n, C, 1], indices int64 [n, C, 1], logprobs [n, C])``.
+            ``indices as float [n, C, 1]`` and a function giving ``(indices int64
+            [n, C, 1], logprobs [n, C])``.
         """
-        actions, rest = self.draw(params, deterministic, generator)
-        stored, logprobs = rest()
-        return actions, stored, logprobs
-
-    def draw(
-        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """See :meth:`ActionHead.draw` (the logprobs wait for the call)."""
         if deterministic:
             index = params.argmax(-1)
         else:
