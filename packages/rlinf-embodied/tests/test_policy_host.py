@@ -92,6 +92,31 @@ def test_in_process_policy_answers_like_the_channels(cfg: EmbodiedConfig) -> Non
         evaluate.get("0.0")
 
 
+def test_get_later_computes_the_same_output_when_called(cfg: EmbodiedConfig) -> None:
+    """get_later (the env worker's deferred bookkeeping) == get, computed on call, in order."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    observations = [{"states": torch.randn(2, 4)} for _ in range(3)]
+    outputs = {}
+    for name in ("now", "later"):
+        local = InProcessPolicy(host, "train", sampling_generator(cfg, 9, 0, "train", host.device))
+        kept = []
+        for obs in observations:
+            local.put((obs, None), "0.0")
+            local.get("0.0")  # the action chunk
+            kept.append(local.get_later("0.0") if name == "later" else local.get("0.0"))
+        host.take_infer_time()
+        outputs[name] = [item() for item in kept] if name == "later" else kept
+        if name == "later":
+            assert host.take_infer_time() > 0  # the policy's time counted when called
+    for now, later in zip(outputs["now"], outputs["later"], strict=True):
+        assert torch.equal(now.actions, later.actions)
+        assert torch.equal(now.prev_logprobs, later.prev_logprobs)
+        assert torch.equal(now.forward_inputs["action"], later.forward_inputs["action"])
+    local.put((observations[0], None), "0.1")
+    actions = local.get_later("0.1")()  # an action chunk comes back as it is
+    assert actions.shape == (2, 1, 1)
+
+
 def test_in_process_policy_can_leave_the_values_to_one_batch(cfg: EmbodiedConfig) -> None:
     """defer_values: the complete output has no prev_values, and PolicyHost.values_of gives
     what the value head gives per call; actions and logprobs are those of the default."""
