@@ -232,6 +232,15 @@ def test_action_checks() -> None:
         env.chunk_step(torch.zeros(3, 1))
     with pytest.raises(ValueError, match="NaN"):
         env.chunk_step(torch.full((3, 1, 1), float("nan")))
+    # One reduction checks them all: any inf (alone, or +inf with -inf), in any dtype.
+    for bad in ([0.0, float("inf"), 0.0], [float("inf"), float("-inf"), 0.0], [0, 0, -1e309]):
+        for dtype in (torch.float32, torch.float64):
+            with pytest.raises(ValueError, match="NaN or inf"):
+                env.chunk_step(torch.tensor(bad, dtype=dtype).view(3, 1, 1))
+    # Large finite actions are not mistaken for inf (their float32 sum would overflow).
+    big = torch.full((3, 1, 1), torch.finfo(torch.float32).max)
+    out, _ = env.chunk_step(big)
+    assert out.rewards is not None
     env.close()
     env.close()
     with pytest.raises(RuntimeError, match="closed"):

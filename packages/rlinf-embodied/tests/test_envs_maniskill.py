@@ -42,6 +42,27 @@ def random_chunks(
     return metrics
 
 
+def test_one_env_steps_as_the_general_path_does() -> None:
+    """One CPU env is one batch: its shortcut gives exactly what the general gather gives."""
+    envs = [build(env_id="PickCube-v1", num_envs=1, max_episode_steps=5) for _ in range(2)]
+    shortcut, general = envs
+    general._step_envs = general._step_batches  # type: ignore[attr-defined,method-assign]
+    with shortcut, general:
+        outs = [env.reset(seed=3) for env in envs]
+        assert torch.equal(outs[0].obs["states"], outs[1].obs["states"])
+        g = torch.Generator().manual_seed(1)
+        for _ in range(7):  # across an episode end and its auto-reset
+            a = torch.rand(1, 1, 8, generator=g) * 2 - 1
+            (out_s, m_s), (out_g, m_g) = shortcut.chunk_step(a), general.chunk_step(a)
+            assert torch.equal(out_s.obs["states"], out_g.obs["states"])
+            for name in ("rewards", "terminations", "truncations"):
+                assert torch.equal(getattr(out_s, name), getattr(out_g, name)), name
+            assert (out_s.final_obs is None) == (out_g.final_obs is None)
+            assert m_s.keys() == m_g.keys()
+            assert all(torch.equal(m_s[k], m_g[k]) for k in m_s)
+        assert shortcut.defines_success
+
+
 def test_pickcube_state_chunks_auto_reset_and_metrics() -> None:
     env = build(env_id="PickCube-v1", max_episode_steps=8, auto_reset=True, group_size=2)
     with env:

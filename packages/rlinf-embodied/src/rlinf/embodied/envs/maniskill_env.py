@@ -313,6 +313,10 @@ class ManiSkillVectorEnv(VectorEnv):
     def _step_envs(self, actions: torch.Tensor, active: NDArray[Any]) -> StepResult:
         if len(self._batches) == 1:  # every env in one batch: the GPU sim, or one CPU env
             return self._step_one_batch(actions)
+        return self._step_batches(actions, active)
+
+    def _step_batches(self, actions: torch.Tensor, active: NDArray[Any]) -> StepResult:
+        """Steps each batch holding an active env; gathers their rows into ``n``-row outputs."""
         n = self.num_envs
         rewards = np.zeros(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
@@ -340,9 +344,10 @@ class ManiSkillVectorEnv(VectorEnv):
         )
 
     def _step_one_batch(self, actions: torch.Tensor) -> StepResult:
-        """:meth:`_step_envs` when one batch holds every env: its outputs as they come.
+        """:meth:`_step_batches` when one batch holds every env: its outputs as they come.
 
-        (The caller steps only if some env is active, and a batch steps as a whole.)
+        The same values (tested), without gathering rows into preallocated arrays;
+        the caller steps only if some env is active, and a batch steps as a whole.
         The obs may be views of the simulator's tensors: ``chunk_step`` copies them.
         """
         raw, reward, term, trunc, info = self._batches[0].step(actions)

@@ -5,8 +5,11 @@ There a small MLP's arithmetic is cheaper than calling its modules: each call
 goes through ``nn.Module.__call__`` (two Python frames and the hook checks),
 ``nn.Sequential`` iterates its children, and ``F.linear`` dispatches once more
 before reaching ``addmm``. Right after a simulator step, when the caches are
-cold, that machinery cost the MLP policy's act about 30-80 us per env step out
-of ~2.2 ms on the hot-path VM (one PickCube state env; see ``docs/embodied.md``).
+cold, that machinery cost the MLP policy's act 27-70 us per env step (of ~2.1
+ms) in three by-hand runs on the hot-path VM (one PickCube state env, the act
+alone); in a whole rollout loop, together with the logprobs moved to
+``complete()``, the saving read 12-17 us per step (two runs; see
+``docs/embodied.md``).
 
 ``run_plain(module, x)`` runs plain layers as the ATen calls their ``forward``
 makes: ``nn.Linear`` on a 2-D input with a bias as ``torch.addmm(bias, x,

@@ -511,10 +511,11 @@ class _Deferred:
 
     With the policy in the env process, the policy output of each chunk (its
     logprobs, the ``PolicyOutput``) and the trajectory rows were computed right
-    after each simulator step, which leaves the caches cold: on the hot-path VM
-    that work cost several times what it costs in one pass at the end. The env
-    outputs and alive masks are fresh objects per step (envs never write a
-    handed-out tensor), so keeping them until then is safe.
+    after each simulator step, which leaves the caches cold; done in one pass at
+    the stream's end they cost about 40 us less per env step (of ~2.2 ms, one
+    by-hand run on the hot-path VM). The env outputs and alive masks are fresh
+    objects per step (envs never write a handed-out tensor), so keeping them
+    until then is safe.
     """
 
     def __init__(self) -> None:
