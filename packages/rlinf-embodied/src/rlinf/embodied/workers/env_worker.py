@@ -529,9 +529,12 @@ class _Deferred:
 
     def replay(self, builder: TrajectoryBuilder) -> int:
         """Records the kept steps in order; returns their live env sub-steps."""
-        live = sum(
-            _record(builder, policy_out(), out, alive) for policy_out, out, alive in self.steps
-        )
+        if not self.steps:
+            return 0
+        for policy_out, out, alive in self.steps:
+            builder.add_policy_output(policy_out())
+            builder.add_chunk(out, alive)
+        live = int(torch.stack([alive for _, _, alive in self.steps]).sum())  # one count
         self.steps.clear()
         return live
 
