@@ -32,7 +32,9 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
-  time beyond ``chunk_step`` (info).
+  time beyond ``chunk_step`` (info). This is what the ManiSkill MLP configs run
+  on CPU slots (their ``in_env_process: auto``); the row above is their path on
+  GPUs, and the CPU path with ``in_env_process: false``.
 - the profile (info rows, no targets), the parts of one chunk step measured
   in this process on one thread, each against the bare simulator step
   (median microseconds): our env wrapper's ``chunk_step`` (simulator

@@ -159,6 +159,7 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     # rollout.in_env_process: auto runs the policy in the env worker: no rollout group.
     assert_progress_lines(text, ["ActorGroup", "EnvGroup"], eval_ran=True)
     assert "launching RolloutGroup" not in text
+    assert "rollout.in_env_process=auto: the env workers run the policy" in text
 
 
 @pytest.mark.slow  # ~25 s; the sync Ctrl-C test covers the shared path in the default tier

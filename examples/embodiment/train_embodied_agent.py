@@ -23,12 +23,12 @@ from pathlib import Path
 from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
-from rlinf.core.logging import setup_logging
+from rlinf.core.logging import get_logger, setup_logging
 from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
 from rlinf.embodied.autoplace_profile import embodied_actor_strategy
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.runner import EmbodiedRunner
+from rlinf.embodied.runner import EmbodiedRunner, policy_in_env_process
 from rlinf.embodied.workers import (
     EmbodiedFSDPActor,
     EmbodiedSACActor,
@@ -88,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
             "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
         }
-        if not cfg.policy_in_env_process:  # else the env workers run the policy
+        if policy_in_env_process(cfg, placement):
+            get_logger("rlinf.embodied").info(
+                "rollout.in_env_process=%s: the env workers run the policy (no rollout group)",
+                str(cfg.rollout.in_env_process).lower(),
+            )
+        else:
             to_launch["RolloutGroup"] = (
                 MultiStepRolloutWorker.create_group(cfg),
                 placement.get_strategy("rollout"),

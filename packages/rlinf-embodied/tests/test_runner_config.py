@@ -11,6 +11,8 @@ import pytest
 
 from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.config import EmbodiedConfig
+from rlinf.embodied.runner import policy_in_env_process
+from rlinf.sched import ClusterInfo, HybridComponentPlacement
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
@@ -143,8 +145,9 @@ def test_policy_in_the_env_process_needs_the_sync_runner(
 def test_auto_runs_the_policy_in_the_env_process_where_the_run_allows_it(
     edits: dict[str, Any], in_env: bool
 ) -> None:
-    """``rollout.in_env_process: auto`` (the CartPole config's): the sync runner with one
-    stage and no online scaling; anything that needs a rollout group gets one."""
+    """``rollout.in_env_process: auto`` (the CartPole and ManiSkill MLP configs'): the sync
+    runner with one stage and no online scaling, on CPU slots; anything that needs a
+    rollout group gets one, and so do env ranks on accelerators."""
     data = edit("rollout.in_env_process", "auto")
     for path, value in edits.items():
         section, key = path.split(".")
@@ -153,15 +156,13 @@ def test_auto_runs_the_policy_in_the_env_process_where_the_run_allows_it(
         data["cluster"]["component_placement"] = {"actor": 0, "env": 0, "rollout": 1}
     cfg = validate_config(data, EmbodiedConfig)
     assert cfg.rollout.in_env_process == "auto"
-    assert cfg.policy_in_env_process is in_env
+    assert cfg.runs_policy_in_env_process(env_on_accelerators=False) is in_env
+    assert cfg.runs_policy_in_env_process(env_on_accelerators=True) is False
     assert cfg.allows_policy_in_env_process is in_env  # (what the runner's advice asks too)
-    for value in (True, False):  # an explicit setting is taken as it is
-        assert (
-            validate_config(
-                edit("rollout.in_env_process", value), EmbodiedConfig
-            ).policy_in_env_process
-            is value
-        )
+    for value in (True, False):  # an explicit setting is taken as it is, on any device
+        explicit = validate_config(edit("rollout.in_env_process", value), EmbodiedConfig)
+        for on_accelerators in (False, True):
+            assert explicit.runs_policy_in_env_process(on_accelerators) is value
     issues = errors_of(edit("rollout.in_env_process", "sometimes"))
     assert issues[0][0] == "rollout.in_env_process"
 
@@ -248,3 +249,23 @@ def test_sac_world_sizes_need_one_actor_rank() -> None:
     cfg.check_world_sizes(actor=1, env=2, rollout=1)
     with pytest.raises(ConfigError, match="one resource rank"):
         cfg.check_world_sizes(actor=2, env=1, rollout=1)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "in_env"),
+    [
+        (ClusterInfo.fake(1, cpu_slots_per_node=2), True),
+        (ClusterInfo.fake(1, accelerators_per_node=2), False),
+    ],
+    ids=["cpu_slots", "gpus"],
+)
+def test_launchers_read_the_env_ranks_devices_from_the_placement(
+    cluster: ClusterInfo, in_env: bool
+) -> None:
+    """``policy_in_env_process(cfg, placement)``: ``auto`` runs the policy in the env
+    workers on CPU slots and launches a rollout group where the env ranks hold GPUs."""
+    cfg = validate_config(edit("rollout.in_env_process", "auto"), EmbodiedConfig)
+    placement = HybridComponentPlacement({"actor": "0-1", "env": 0, "rollout": 1}, cluster)
+    assert policy_in_env_process(cfg, placement) is in_env
+    forced = validate_config(edit("rollout.in_env_process", True), EmbodiedConfig)
+    assert policy_in_env_process(forced, placement) is True

@@ -507,7 +507,7 @@ def test_runner_refuses_a_rollout_group_that_does_not_fit_in_env_process(
         EmbodiedRunner(separate, actor, None, env)
     # auto takes a rollout group, or None where the run allows the policy in the env workers.
     auto = make_config(tmp_path, "auto", ["rollout.in_env_process=auto"], placement=HYBRID)
-    assert auto.policy_in_env_process
+    assert auto.runs_policy_in_env_process(env_on_accelerators=False)
     for group in (rollout, None):
         with EmbodiedRunner(auto, actor, group, env) as runner:
             assert runner.policy_group is (group or env)
@@ -517,7 +517,7 @@ def test_runner_refuses_a_rollout_group_that_does_not_fit_in_env_process(
         ["rollout.in_env_process=auto", "rollout.pipeline_stage_num=2"],
         placement=HYBRID,
     )
-    assert not staged.policy_in_env_process
+    assert not staged.runs_policy_in_env_process(env_on_accelerators=False)
     with pytest.raises(ValueError, match=r"rollout.pipeline_stage_num 1 \(got 2\)"):
         EmbodiedRunner(staged, actor, None, env)
     with (

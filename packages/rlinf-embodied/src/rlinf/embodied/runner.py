@@ -74,10 +74,17 @@ from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.pipelining import StageChooser, in_env_process_advice, pipeline_advice
-from rlinf.sched import GroupFuture, WorkerGroup, scale_actor, wait_all, wait_for_progress
+from rlinf.sched import (
+    GroupFuture,
+    HybridComponentPlacement,
+    WorkerGroup,
+    scale_actor,
+    wait_all,
+    wait_for_progress,
+)
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
-__all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
+__all__ = ["EmbodiedRunner", "find_latest_checkpoint", "policy_in_env_process"]
 
 _log = get_logger("rlinf.embodied.runner")
 
@@ -96,11 +103,26 @@ def _devices(group: WorkerGroup, ranks: Sequence[int] | None = None) -> set[tupl
     return out
 
 
+def policy_in_env_process(cfg: EmbodiedConfig, placement: HybridComponentPlacement) -> bool:
+    """Whether a launcher should run the policy in the env workers (and launch no rollout group).
+
+    ``rollout.in_env_process`` true or false as it is; ``auto`` where the run allows
+    it and the env ranks are CPU slots (see
+    :meth:`EmbodiedConfig.runs_policy_in_env_process`).
+
+    Args:
+        cfg: The validated config.
+        placement: The run's placement (it tells whether the env ranks hold accelerators).
+    """
+    on_accelerators = any(p.local_accelerator_ids for p in placement.get_placements("env"))
+    return cfg.runs_policy_in_env_process(env_on_accelerators=on_accelerators)
+
+
 def _check_policy_group(cfg: EmbodiedConfig, rollout: WorkerGroup | None) -> None:
     """Whether ``rollout`` (a group, or None: the env workers act) fits ``rollout.in_env_process``.
 
     ``true`` needs None, ``false`` a group; ``auto`` takes a group, or None where the
-    run allows the policy in the env workers (:attr:`EmbodiedConfig.policy_in_env_process`).
+    run allows the policy in the env workers (:attr:`EmbodiedConfig.allows_policy_in_env_process`).
 
     Raises:
         ValueError: They do not fit; the message names the key and the fix.
@@ -112,7 +134,9 @@ def _check_policy_group(cfg: EmbodiedConfig, rollout: WorkerGroup | None) -> Non
             f"rollout group ({rollout.name}) was given; pass rollout=None (and do not "
             "launch it), or set rollout.in_env_process: false"
         )
-    if rollout is None and not cfg.policy_in_env_process:
+    if rollout is None and (
+        choice is False or (choice == "auto" and not cfg.allows_policy_in_env_process)
+    ):
         why = (
             "the key is false"
             if choice is False
@@ -123,8 +147,9 @@ def _check_policy_group(cfg: EmbodiedConfig, rollout: WorkerGroup | None) -> Non
         raise ValueError(
             f"rollout=None runs the policy in the env workers, which rollout.in_env_process="
             f"{str(choice).lower()} does not allow here ({why}); launch a "
-            "MultiStepRolloutWorker group (as the example script does when "
-            "cfg.policy_in_env_process is False), or set rollout.in_env_process: true"
+            "MultiStepRolloutWorker group (as the example script does where "
+            "rlinf.embodied.runner.policy_in_env_process says False), or set "
+            "rollout.in_env_process: true"
         )
 
 
@@ -139,7 +164,8 @@ class EmbodiedRunner(ClosesOnExit):
         actor: Launched :class:`~rlinf.embodied.workers.EmbodiedFSDPActor` group.
         rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group;
             None to run the policy in the env group (``rollout.in_env_process`` true, or
-            ``auto`` where :attr:`EmbodiedConfig.policy_in_env_process`).
+            ``auto`` where :attr:`EmbodiedConfig.allows_policy_in_env_process`; launchers
+            ask :func:`policy_in_env_process`).
         env: Launched :class:`~rlinf.embodied.workers.EnvWorker` group.
 
     Raises:
