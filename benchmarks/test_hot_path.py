@@ -33,8 +33,8 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
   time beyond ``chunk_step`` (info). This is what the ManiSkill MLP configs run
-  on CPU slots (their ``in_env_process: auto``); the row above is their path on
-  GPUs, and the CPU path with ``in_env_process: false``.
+  on a CPU machine (their ``in_env_process: auto``); the row above is their path
+  on GPUs, and the CPU path with ``in_env_process: false``.
 - the profile (info rows, no targets), the parts of one chunk step measured
   in this process on one thread, each against the bare simulator step
   (median microseconds): our env wrapper's ``chunk_step`` (simulator

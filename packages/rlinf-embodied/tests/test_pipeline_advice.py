@@ -48,7 +48,7 @@ def test_one_stage_mostly_hand_offs_suggests_the_policy_in_the_env_process() -> 
     # in a 0.34 s rollout, so 0.19 s of hand-offs.
     message = in_env_process_advice(env_seconds=0.09, policy_seconds=0.06, rollout_seconds=0.34)
     assert message is not None
-    assert "rollout.in_env_process: true (auto, where the env ranks are CPU slots)" in message
+    assert "rollout.in_env_process: true (auto, where the env ranks hold no GPU)" in message
     assert "0.190 s of this 0.340 s rollout" in message
 
 

@@ -251,21 +251,34 @@ def test_sac_world_sizes_need_one_actor_rank() -> None:
         cfg.check_world_sizes(actor=2, env=1, rollout=1)
 
 
+ON_A_NODE = {"actor": "0-1", "env": {"node_group": "node", "placement": "0"}, "rollout": 1}
+"""The env rank on a whole node (the built-in ``node`` group), whatever the node holds."""
+
+
 @pytest.mark.parametrize(
-    ("cluster", "in_env"),
+    ("cluster", "placement", "in_env"),
     [
-        (ClusterInfo.fake(1, cpu_slots_per_node=2), True),
-        (ClusterInfo.fake(1, accelerators_per_node=2), False),
+        (ClusterInfo.fake(1, cpu_slots_per_node=2), {"actor": "0-1", "env": 0, "rollout": 1}, True),
+        (ClusterInfo.fake(2), {"actor": "0-1", "env": 0, "rollout": 1}, True),  # CPU nodes
+        (ClusterInfo.fake(2), ON_A_NODE, True),
+        (
+            ClusterInfo.fake(1, accelerators_per_node=2),
+            {"actor": "0-1", "env": 0, "rollout": 1},
+            False,
+        ),
+        (ClusterInfo.fake(1, accelerators_per_node=2), ON_A_NODE, False),  # sees the node's GPUs
     ],
-    ids=["cpu_slots", "gpus"],
+    ids=["cpu_slots", "cpu_nodes", "cpu_node_group", "gpus", "gpu_node_group"],
 )
 def test_launchers_read_the_env_ranks_devices_from_the_placement(
-    cluster: ClusterInfo, in_env: bool
+    cluster: ClusterInfo, placement: dict[str, Any], in_env: bool
 ) -> None:
     """``policy_in_env_process(cfg, placement)``: ``auto`` runs the policy in the env
-    workers on CPU slots and launches a rollout group where the env ranks hold GPUs."""
+    workers where no env rank holds a GPU, and launches a rollout group where one does
+    (also when the env rank takes a whole GPU node); explicit values are taken as they are."""
     cfg = validate_config(edit("rollout.in_env_process", "auto"), EmbodiedConfig)
-    placement = HybridComponentPlacement({"actor": "0-1", "env": 0, "rollout": 1}, cluster)
-    assert policy_in_env_process(cfg, placement) is in_env
-    forced = validate_config(edit("rollout.in_env_process", True), EmbodiedConfig)
-    assert policy_in_env_process(forced, placement) is True
+    placed = HybridComponentPlacement(placement, cluster)
+    assert policy_in_env_process(cfg, placed) is in_env
+    for value in (True, False):
+        explicit = validate_config(edit("rollout.in_env_process", value), EmbodiedConfig)
+        assert policy_in_env_process(explicit, placed) is value

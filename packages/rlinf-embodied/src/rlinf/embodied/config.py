@@ -331,9 +331,10 @@ class RolloutConfig(RLinfModel):
         "where hand-offs cost more than the policy; see docs/embodied.md). Sync PPO/GRPO "
         "only; cluster.component_placement.rollout is then not used. auto: where the run "
         "allows it (runner.mode sync, no runner.online_scaling, pipeline_stage_num 1) and "
-        "the env ranks are CPU slots the launcher runs the policy in the env workers, else "
-        "it launches a rollout group (on GPUs the policy in the env process is unchecked); "
-        "the runner takes either (rlinf.embodied.runner.policy_in_env_process).",
+        "the env ranks hold no GPU (CPU slots or CPU nodes) the launcher runs the policy in "
+        "the env workers, else it launches a rollout group (on GPUs the policy in the env "
+        "process is unchecked); the runner takes either "
+        "(rlinf.embodied.runner.policy_in_env_process).",
     )
 
 
@@ -584,12 +585,12 @@ class EmbodiedConfig(RLinfModel):
 
         ``rollout.in_env_process`` true or false decides as it is. ``auto`` runs the
         policy there where the run allows it (:attr:`allows_policy_in_env_process`)
-        and the env ranks are CPU slots. There it was measured faster on the 2-core
-        VM (ManiSkill PickCube, state, MLP: one env 0.79-0.81x of the bare
-        simulator's steps/s against 0.65-0.66x with a rollout group; eight envs 507
-        against 494 env steps/s). On accelerators ``auto`` keeps a rollout group: the policy in an
-        env process on a GPU is unchecked. Launchers ask
-        :func:`rlinf.embodied.runner.policy_in_env_process`, which reads
+        and the env ranks hold no GPU (CPU slots or CPU nodes), where it was measured
+        faster on the 2-core VM (ManiSkill PickCube, state, MLP: one env 0.79-0.81x
+        of the bare simulator's steps/s against 0.65-0.66x with a rollout group;
+        eight envs 507 against 494 env steps/s). On accelerators ``auto`` keeps a
+        rollout group: the policy in an env process on a GPU is unchecked. Launchers
+        ask :func:`rlinf.embodied.runner.policy_in_env_process`, which reads
         ``env_on_accelerators`` from the placement.
 
         Args:

@@ -222,7 +222,7 @@ def in_env_process_advice(
     return (
         f"hand-offs between the env and rollout workers took {handoffs:.3f} s of this "
         f"{rollout_seconds:.3f} s rollout (envs {env_seconds:.3f} s, policy "
-        f"{policy_seconds:.3f} s); rollout.in_env_process: true (auto, where the env ranks are "
-        "CPU slots) runs the policy in the env workers without them and samples the same "
+        f"{policy_seconds:.3f} s); rollout.in_env_process: true (auto, where the env ranks hold "
+        "no GPU) runs the policy in the env workers without them and samples the same "
         "actions (docs/embodied.md, 'The policy in the env process')"
     )

@@ -107,8 +107,8 @@ def policy_in_env_process(cfg: EmbodiedConfig, placement: HybridComponentPlaceme
     """Whether a launcher should run the policy in the env workers (and launch no rollout group).
 
     ``rollout.in_env_process`` true or false as it is; ``auto`` where the run allows
-    it and the env ranks are CPU slots (see
-    :meth:`EmbodiedConfig.runs_policy_in_env_process`).
+    it and no env rank holds an accelerator, i.e. where the env workers' policy would
+    run on the CPU (see :meth:`EmbodiedConfig.runs_policy_in_env_process`).
 
     Args:
         cfg: The validated config.

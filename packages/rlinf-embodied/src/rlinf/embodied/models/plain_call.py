@@ -2,18 +2,18 @@
 
 The rollout acts once per env step on a batch of one or a few observations.
 There a small MLP's arithmetic is cheaper than calling its modules: each call
-goes through ``nn.Module.__call__`` (two Python frames and the hook checks),
-and ``nn.Sequential`` iterates its children. Right after a simulator step, when the caches are
-cold, that machinery cost the MLP policy's act 27-70 us per env step (of ~2.1
-ms) in three by-hand runs on the hot-path VM (one PickCube state env, the act
-alone); in a whole rollout loop, together with the logprobs moved to
+goes through ``nn.Module.__call__`` (two Python frames and the hook checks), and
+``nn.Sequential`` iterates its children. Right after a simulator step, when the
+caches are cold, that machinery cost the MLP policy's act 27-70 us per env step
+(of ~2.1 ms) in three by-hand runs on the hot-path VM (one PickCube state env,
+the act alone); in a whole rollout loop, together with the logprobs moved to
 ``complete()``, the saving read 12-17 us per step (two runs; see
 ``docs/embodied.md``).
 
 ``run_plain(module, x)`` runs plain layers as the functions their ``forward``
-calls: ``nn.Linear`` as ``F.linear(x, weight, bias)``, the activations as
-their functions. So it returns exactly ``module(x)`` (tested bit for bit).
-``F.linear`` is one call into ATen, which then runs ``addmm`` on the transposed
+calls: ``nn.Linear`` as ``F.linear(x, weight, bias)``, the activations as their
+functions. So it returns exactly ``module(x)`` (tested bit for bit).
+``F.linear`` is one call into ATen, which runs ``addmm`` on the transposed
 weight in C++; calling ``weight.t()`` and ``torch.addmm`` from Python (as an
 earlier version did) is two calls with their argument parsing: right after a
 simulator step ``F.linear`` made the PickCube MLP's act 6 us faster (176.5

@@ -356,7 +356,8 @@ class EnvWorker(Worker):
                         deferred[i].add(action_channel.get_later(key), out, alive)
                     else:
                         policy_out = action_channel.get(key=key, timeout=timeout)
-                        env_steps += _record(builders[i], policy_out, out, alive)
+                        _record(builders[i], policy_out, out, alive)
+                        env_steps += int(alive.sum())
                     for name, values in metrics.items():
                         episodes[name].extend(values)
                     for env_id, env_out in zip(stream.env_ids, outs, strict=True):
@@ -499,11 +500,10 @@ class EnvWorker(Worker):
 
 def _record(
     builder: TrajectoryBuilder, policy_out: PolicyOutput, out: EnvOutput, alive: torch.Tensor
-) -> int:
-    """Adds one chunk step to a stream's trajectory; returns its live env sub-steps."""
+) -> None:
+    """Adds one chunk step (its policy output, then the env's output) to a stream's trajectory."""
     builder.add_policy_output(policy_out)
     builder.add_chunk(out, alive)
-    return int(alive.sum())
 
 
 class _Deferred:
@@ -532,8 +532,7 @@ class _Deferred:
         if not self.steps:
             return 0
         for policy_out, out, alive in self.steps:
-            builder.add_policy_output(policy_out())
-            builder.add_chunk(out, alive)
+            _record(builder, policy_out(), out, alive)
         live = int(torch.stack([alive for _, _, alive in self.steps]).sum())  # one count
         self.steps.clear()
         return live

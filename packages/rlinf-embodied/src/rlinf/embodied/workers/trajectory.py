@@ -138,8 +138,7 @@ class TrajectoryBuilder:
             raise ValueError("a chunk step's env output must carry rewards")
         if alive.dtype != torch.bool:  # (each skipped no-op .to() saves a dispatch per step)
             alive = alive.to(torch.bool)
-        rewards = out.rewards if out.rewards.dtype == torch.float32 else out.rewards.float()
-        self.rewards.append(torch.where(alive, rewards, 0.0))
+        self.rewards.append(torch.where(alive, _float32(out.rewards), 0.0))
         self.alive.append(alive)
         if self.collect_next_obs:
             after = out.final_obs if out.final_obs is not None else out.obs
