@@ -237,6 +237,22 @@ def test_requires_grad_is_preserved(ch: Channel) -> None:
     assert torch.equal(got_leaf.grad, torch.ones(4))
 
 
+def test_inference_tensors_arrive_as_ordinary_tensors(ch: Channel) -> None:
+    """The env worker's loops run under ``torch.inference_mode()``: what they put
+    (trajectories, observations) must arrive as tensors autograd can use."""
+    weight = torch.randn(2, 3, requires_grad=True)
+    with torch.inference_mode():
+        states = torch.randn(4, 3) * 2
+        sent = {"states": states, "rows": states[1:3]}
+    assert sent["states"].is_inference()
+    got = roundtrip(ch, sent)
+    assert not any(t.is_inference() for t in got.values())
+    assert torch.equal(got["states"], states) and torch.equal(got["rows"], states[1:3])
+    got["states"][0] = 0.0  # writable outside inference mode
+    (got["states"] @ weight.t()).sum().backward()  # and usable where autograd saves it
+    assert weight.grad is not None
+
+
 def test_dataclass_with_tensors_and_arrays(ch: Channel) -> None:
     item = Rollout(
         obs=np.random.default_rng(0).integers(0, 255, (4, 84, 84), dtype=np.uint8),

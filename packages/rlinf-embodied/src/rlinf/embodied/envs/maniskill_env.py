@@ -28,7 +28,9 @@ outside the simulator state are not covered by that copy.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -72,6 +74,56 @@ def _cat_states(trees: list[Any]) -> Any:
     return torch.cat(trees, dim=0)
 
 
+def _seed_cpu_generator(seed: int) -> torch.Generator:
+    return torch.default_generator.manual_seed(int(seed))
+
+
+def _only_the_cpu_in_use() -> bool:
+    """Whether ``torch.manual_seed`` would seed nothing now but the CPU generator.
+
+    True when no accelerator torch seeds is initialized (CUDA, XPU, MTIA), the
+    build has no MPS and no custom (privateuse1) backend is registered: then
+    ``torch.manual_seed`` seeds the CPU generator and only queues the seed for
+    the others' lazy initialization.
+    """
+    return not (
+        torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        or torch.xpu.is_initialized()  # type: ignore[no-untyped-call]
+        or torch.mtia.is_initialized()  # type: ignore[no-untyped-call]
+        or torch._C._has_mps
+        or torch._C._get_privateuse1_backend_name() != "privateuseone"
+    )
+
+
+@contextlib.contextmanager
+def _cpu_only_manual_seed() -> Iterator[None]:
+    """Inside: ``torch.manual_seed`` seeds the CPU generator alone, where that is all it seeds.
+
+    ManiSkill's seeded reset calls ``torch.manual_seed`` inside
+    ``torch.random.fork_rng()``. With no accelerator initialized (every CPU
+    machine, and a CPU-sim env worker on a GPU machine that has not touched
+    CUDA), torch then queues the seed for each accelerator's lazy
+    initialization, recording ``traceback.format_stack()`` three times (CUDA,
+    XPU, MTIA): 1.0 ms of a 3.1-3.2 ms PickCube reset on the hot-path VM, and
+    more from a deeper stack such as an env worker's. ``fork_rng`` restores the
+    CPU generator afterwards but not those queues, so the episode seed would also
+    seed a CUDA initialized later. Here the CPU generator is seeded exactly as
+    ``torch.manual_seed`` seeds it, and nothing is queued; where any other device
+    is in use this changes nothing. The replacement is module-global while the
+    block runs: the env worker resets its envs on one thread, and nothing else in
+    it seeds torch meanwhile.
+    """
+    if not _only_the_cpu_in_use():
+        yield
+        return
+    original = torch.manual_seed
+    torch.manual_seed = _seed_cpu_generator
+    try:
+        yield
+    finally:
+        torch.manual_seed = original
+
+
 class _Batch:
     """One ManiSkill env holding ``k`` parallel scenes (``k == 1`` on the CPU sim).
 
@@ -102,7 +154,8 @@ class _Batch:
         if not self.share_by_state:
             idx = torch.as_tensor(local_ids, device=self.device)
             seed = [int(s) for s in self.seeds] if self.k > 1 else int(seeds[0])
-            obs, _ = self.env.reset(seed=seed, options={"env_idx": idx})
+            with _cpu_only_manual_seed():
+                obs, _ = self.env.reset(seed=seed, options={"env_idx": idx})
             return obs
         # Sample a start for each seed not seen yet (first env with that seed), cache
         # its simulator state, then set every env to the cached state of its seed.
@@ -112,7 +165,8 @@ class _Batch:
                 fresh[int(seed)] = int(env_id)
         if fresh:
             sample_ids = torch.as_tensor(list(fresh.values()), device=self.device)
-            self.env.reset(seed=[int(s) for s in self.seeds], options={"env_idx": sample_ids})
+            with _cpu_only_manual_seed():
+                self.env.reset(seed=[int(s) for s in self.seeds], options={"env_idx": sample_ids})
             state = self.env.unwrapped.get_state_dict()
             for j, seed in enumerate(fresh):
                 self._cache[seed] = _index_state(state, sample_ids[j : j + 1])
@@ -134,7 +188,8 @@ class _Batch:
         """The raw obs the env was built with (or of a reset with seed 0, if it kept none)."""
         raw = getattr(self.env.unwrapped, "_init_raw_obs", None)
         if raw is None:
-            raw, _ = self.env.reset(seed=0)
+            with _cpu_only_manual_seed():
+                raw, _ = self.env.reset(seed=0)
         return raw
 
     @torch.inference_mode()

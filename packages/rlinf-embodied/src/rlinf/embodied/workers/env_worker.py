@@ -33,6 +33,14 @@ the training rollout keeps each chunk step's policy output (computed on call)
 and env output, and builds the stream's trajectory from them in one pass at the
 stream's end (``_Deferred``): nothing overlaps the env in this process, and that
 work ran slower right after each simulator step than in one pass.
+
+Both loops run under ``torch.inference_mode()`` (nothing in them needs
+autograd): the wrapper's and the in-process policy's small torch ops skip
+autograd's per-op bookkeeping, 36 us per PickCube env step of ~2.0 ms by hand
+(chunk step, act and complete in one loop, eight alternating blocks). Tensors
+made here are inference tensors: what leaves the process (observations,
+trajectories) arrives as ordinary tensors, and what stays (the envs' last
+outputs) is only read, or copied before a write, outside these loops.
 """
 
 from __future__ import annotations
@@ -299,7 +307,7 @@ class EnvWorker(Worker):
         deferred = (
             [_Deferred() for _ in streams] if isinstance(action_channel, InProcessPolicy) else None
         )
-        with self.worker_timer("interact"):
+        with self.worker_timer("interact"), torch.inference_mode():
             for stream in streams:
                 last = [self._last[i] for i in stream.env_ids]
                 outs = [
@@ -418,7 +426,7 @@ class EnvWorker(Worker):
         steps = chunk_steps(cfg.env.eval, self.eval_envs[0].spec, chunks)
         episodes: dict[str, list[float]] = defaultdict(list)
         streams = self._streams(self.eval_envs, [[s] for s in range(len(self.eval_envs))], merged)
-        with self.worker_timer("evaluate"):
+        with self.worker_timer("evaluate"), torch.inference_mode():
             for stream in streams:
                 outs = [env.reset(seed=cfg.env.eval.seed) for env in stream.envs]
                 obs_channel.put(

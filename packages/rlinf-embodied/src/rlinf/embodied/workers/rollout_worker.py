@@ -157,7 +157,8 @@ class MultiStepRolloutWorker(Worker):
             active = {s: list(self._env_ranks) for s in range(stages)}
             calls = 0
             host.take_infer_time()
-            with self.worker_timer(f"generate_{mode}"):
+            # (no autograd here: inference mode skips its per-op bookkeeping, see EnvWorker)
+            with self.worker_timer(f"generate_{mode}"), torch.inference_mode():
                 while any(active.values()):
                     for s in range(stages):
                         ranks = active[s]
