@@ -204,6 +204,28 @@ def test_rollout_path_equals_module_calls(model_type: str, discrete: bool) -> No
         assert out.prev_logprobs is not None and torch.equal(out.prev_logprobs, expected[2])
 
 
+@pytest.mark.parametrize("model_type", ["mlp", "cnn"])
+def test_rollout_path_is_the_same_in_inference_mode_and_records_no_graph(model_type: str) -> None:
+    """The rollout loops act under ``torch.inference_mode()`` (where the policy skips its own
+    ``no_grad``); outside it the policy still records no graph on trainable weights."""
+    policy, spec = make_policy(model_type, discrete=False, chunks=2)
+    assert any(p.requires_grad for p in policy.parameters())
+    obs = make_obs(spec, n=3)
+    outs = []
+    for inference in (False, True):
+        with torch.inference_mode(inference):
+            actions, complete = policy.predict_actions_first(
+                obs, generator=torch.Generator().manual_seed(5)
+            )
+            out = complete()
+        assert out.prev_values is not None and out.prev_logprobs is not None
+        tensors = (actions, out.prev_logprobs, out.prev_values)
+        assert not any(t.requires_grad for t in tensors)
+        assert all(t.is_inference() == inference for t in tensors)
+        outs.append(tensors)
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+
+
 def test_stored_action_does_not_alias_env_actions() -> None:
     policy, spec = make_policy("mlp", discrete=False)
     out = policy.predict_action_batch(make_obs(spec))

@@ -15,6 +15,7 @@ logprobs and entropy ``[n, C * A]`` (continuous, per dimension) or ``[n, C]``
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -414,7 +415,7 @@ class ActorCriticPolicy(BasePolicy):
         module calls on the per-step path).
         """
         self._check_mode(mode)
-        with torch.no_grad():
+        with _no_grad():
             inputs = self._select_inputs(obs)
             features = self._encode(self._to_device(inputs))
             params = run_plain(self.action_head, run_plain(self.actor_backbone, features))
@@ -423,7 +424,7 @@ class ActorCriticPolicy(BasePolicy):
             )
 
         def complete() -> PolicyOutput:
-            with torch.no_grad():
+            with _no_grad():
                 stored, logprobs = rest()
                 prev_values = self._values(features) if values else None
             return PolicyOutput(
@@ -479,6 +480,19 @@ class ActorCriticPolicy(BasePolicy):
         """Float32 values ``[n, V]`` without gradients (zeros without a value head)."""
         with torch.no_grad():
             return self._values(self._features(obs))
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+def _no_grad() -> contextlib.AbstractContextManager[None]:
+    """``torch.no_grad()``, or nothing where ``torch.inference_mode()`` is already on.
+
+    The rollout loops run in inference mode (see ``workers/env_worker.py``);
+    there entering ``no_grad`` per act cost 7 us of 185 right after a PickCube
+    simulator step (medians of eight alternating blocks of 150 steps, by hand).
+    """
+    return _NOTHING if torch.is_inference_mode_enabled() else torch.no_grad()
 
 
 def _first_parameter(module: nn.Module) -> Tensor:
