@@ -95,7 +95,11 @@ pytestmark = pytest.mark.timeout(900)
 
 GAIN = 0.05
 EVAL_EVERY = 5
-MAX_STEPS = 80  # the slowest run measured needed 55
+# The slowest runs that reached the goal needed 60 steps; one scaled run (data.seed 42,
+# 2026-11-30, full tier) missed it in 80, its evals 0.18-0.21 against a 0.217 goal: the
+# held-out accuracy moves by ~0.02 from eval to eval. The LR is constant after warm-up,
+# so more steps change no run that reaches the goal sooner.
+MAX_STEPS = 120
 # Each mode trains once per data order (``data.seed``: which prompts make each
 # step's batch); the time-to-accuracy row compares the sums over these runs.
 DATA_SEEDS = (42, 7, 2024)
