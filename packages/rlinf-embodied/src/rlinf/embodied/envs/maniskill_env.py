@@ -75,6 +75,7 @@ def _cat_states(trees: list[Any]) -> Any:
 
 
 def _seed_cpu_generator(seed: int) -> torch.Generator:
+    """What ``torch.manual_seed`` does when only the CPU is in use, less the lazy queues."""
     return torch.default_generator.manual_seed(int(seed))
 
 
@@ -154,9 +155,7 @@ class _Batch:
         if not self.share_by_state:
             idx = torch.as_tensor(local_ids, device=self.device)
             seed = [int(s) for s in self.seeds] if self.k > 1 else int(seeds[0])
-            with _cpu_only_manual_seed():
-                obs, _ = self.env.reset(seed=seed, options={"env_idx": idx})
-            return obs
+            return self._seeded_reset(seed, {"env_idx": idx})
         # Sample a start for each seed not seen yet (first env with that seed), cache
         # its simulator state, then set every env to the cached state of its seed.
         fresh: dict[int, int] = {}
@@ -165,8 +164,7 @@ class _Batch:
                 fresh[int(seed)] = int(env_id)
         if fresh:
             sample_ids = torch.as_tensor(list(fresh.values()), device=self.device)
-            with _cpu_only_manual_seed():
-                self.env.reset(seed=[int(s) for s in self.seeds], options={"env_idx": sample_ids})
+            self._seeded_reset([int(s) for s in self.seeds], {"env_idx": sample_ids})
             state = self.env.unwrapped.get_state_dict()
             for j, seed in enumerate(fresh):
                 self._cache[seed] = _index_state(state, sample_ids[j : j + 1])
@@ -188,9 +186,14 @@ class _Batch:
         """The raw obs the env was built with (or of a reset with seed 0, if it kept none)."""
         raw = getattr(self.env.unwrapped, "_init_raw_obs", None)
         if raw is None:
-            with _cpu_only_manual_seed():
-                raw, _ = self.env.reset(seed=0)
+            raw = self._seeded_reset(0, {})
         return raw
+
+    def _seeded_reset(self, seed: int | list[int], options: dict[str, Any]) -> Any:
+        """ManiSkill's seeded reset (see :func:`_cpu_only_manual_seed`); returns the raw obs."""
+        with _cpu_only_manual_seed():
+            obs, _ = self.env.reset(seed=seed, options=options)
+        return obs
 
     @torch.inference_mode()
     def render(self) -> Any:
