@@ -449,6 +449,48 @@ def test_merged_stages_of_an_unpicklable_env_resume_merged(
     assert saved["env_stages"] == [[0, 1]]
 
 
+class InferenceModeCartPole(GymVectorEnv):
+    """CartPole that refuses a step outside ``torch.inference_mode()`` (docs/embodied.md,
+    "Adding an env": the env workers' rollout and eval loops step envs in that mode)."""
+
+    def _step_envs(self, actions: torch.Tensor, active: Any) -> Any:
+        if not torch.is_inference_mode_enabled():
+            raise RuntimeError("InferenceModeCartPole stepped outside torch.inference_mode()")
+        return super()._step_envs(actions, active)
+
+
+if "inference_mode_cartpole" not in available_envs():
+    register_env("inference_mode_cartpole")(InferenceModeCartPole)
+
+
+@pytest.mark.parametrize("in_env", [False, True], ids=["rollout_group", "in_env_process"])
+def test_env_workers_step_envs_in_inference_mode(
+    hybrid: list[WorkerGroup], tmp_path: Path, in_env: bool
+) -> None:
+    """Training rollouts and evals step the envs under inference mode, with the policy in
+    the env process or in a rollout group, and the actor trains on what they send."""
+    actor, rollout, env = hybrid
+    cfg = make_config(
+        tmp_path,
+        f"inference_mode_{in_env}",
+        [
+            *SMALL,
+            "env.train.env_type=inference_mode_cartpole",
+            "env.eval.env_type=inference_mode_cartpole",
+            f"runner.plugin_modules=[{Path(__file__).resolve()}]",
+            "runner.max_epochs=1",
+            "runner.val_check_interval=1",
+            f"rollout.in_env_process={in_env}",
+        ],
+        placement=HYBRID,
+    )
+    with EmbodiedRunner(cfg, actor, None if in_env else rollout, env) as runner:
+        runner.init_workers()
+        metrics = runner.run()
+    assert metrics["eval/num_episodes"] > 0
+    assert metrics["train/actor/grad_norm"] > 0
+
+
 def test_merged_stages_evaluate_like_pipelined_ones(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:
