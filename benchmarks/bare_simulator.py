@@ -1,11 +1,14 @@
-"""The bare ManiSkill simulator loop of the hot-path benchmark, in three kinds of process.
+"""The bare ManiSkill simulator loop of the hot-path benchmark, in four kinds of process.
 
 ``test_hot_path.py`` compares the rollout's env steps/s with this loop (one
 ``PickCube-v1`` state env on the CPU sim, random actions, ended episodes
 reset). The loop also runs in a plain spawned process
 (:class:`BareSimulatorSubprocess`) and in a plain Ray actor
 (:class:`BareSimulatorProcess`), so each run shows how much of the rollout's
-gap is only the simulator running in another process, or in a Ray worker.
+gap is only the simulator running in another process, or in a Ray worker; and
+in the env rank's own process (:class:`EnvWorkerWithBareLoop`), which leaves
+out what that process costs the simulator (a process's speed is a draw that
+lasts its lifetime: see ``docs/embodied_hot_path.md``).
 
 A module of its own (not a ``test_*`` file) so a spawned child can import it:
 the benchmark directory is on ``sys.path`` (``conftest.py``) and spawned
@@ -24,6 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from rlinf.embodied.workers import EnvWorker
 
 STEPS = 50
 """Env steps per round, for the rollout and for the bare simulator alike."""
@@ -128,3 +133,30 @@ class BareSimulatorSubprocess:
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5)
+
+
+class EnvWorkerWithBareLoop(EnvWorker):
+    """The env worker, able to run the bare simulator loop in its own process too.
+
+    Timing both in the env rank's process compares the rollout with the
+    simulator on the same process draw: our own per-step cost alone.
+    """
+
+    _bare_env: Any = None
+    _bare_run: Callable[[], None] | None = None
+
+    def bare_steps(self) -> None:
+        """One round of ``STEPS`` random-action steps of a bare env built in this process."""
+        if self._bare_run is None:
+            self._bare_env = bare_env()
+            self._bare_run = bare_steps(self._bare_env, STEPS, np.random.default_rng(0))
+        self._bare_run()
+
+    def teardown(self) -> None:
+        """Closes the bare env too."""
+        try:
+            if self._bare_env is not None:
+                self._bare_env.close()
+                self._bare_env, self._bare_run = None, None
+        finally:
+            super().teardown()

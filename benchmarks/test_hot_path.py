@@ -25,6 +25,12 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - ``bare simulator in a plain subprocess vs in the driver`` (info): the same
   in a plain spawned process (``BareSimulatorSubprocess``, no Ray), to tell
   a Ray worker's own cost from that of any second process.
+- ``rollout ... vs bare simulator in the env rank's own process`` and ``bare
+  simulator in the env rank's process vs in the driver`` (info): the same loop
+  run by the env rank itself (``EnvWorkerWithBareLoop.bare_steps``), between
+  its rollouts. A process's speed can differ by several percent for its whole
+  lifetime, with or without Ray (``docs/embodied_hot_path.md``); on the same
+  process the rollout's ratio is our own per-step cost alone.
 - ``bare simulator under torch.inference_mode vs plain`` (info): the same
   loop in the driver on a second env stepped under ``torch.inference_mode()``,
   as our ManiSkill backend steps its envs: what that alone buys (ManiSkill's
@@ -72,6 +78,7 @@ from bare_simulator import (
     STEPS,
     BareSimulatorProcess,
     BareSimulatorSubprocess,
+    EnvWorkerWithBareLoop,
     bare_env,
     bare_steps,
 )
@@ -82,10 +89,10 @@ from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.envs import EnvConfig, make_env
 from rlinf.embodied.models import build_policy
 from rlinf.embodied.runner import EmbodiedRunner
-from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
+from rlinf.embodied.workers import EmbodiedFSDPActor, MultiStepRolloutWorker
 from rlinf.embodied.workers.common import merge_observations, obs_message
 from rlinf.embodied.workers.trajectory import TrajectoryBuilder
-from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups
+from rlinf.sched import Cluster, HybridComponentPlacement, WorkerGroup, launch_groups, wait_all
 
 if importlib.util.find_spec("mani_skill") is None:
     pytest.skip("ManiSkill is not installed: no hot-path rows", allow_module_level=True)
@@ -130,6 +137,8 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
     assert not ray.is_initialized()
     log_path = tmp_path_factory.mktemp("hot_path")
     cfg = rollout_config(log_path)
+    # bare_simulator is not importable in the Ray workers: ship its classes by value.
+    ray.cloudpickle.register_pickle_by_value(bare_simulator)
     with Cluster(num_nodes=1, cluster_cfg={"cpu_slots_per_node": 2}, num_cpus=2) as cluster:
         placement = HybridComponentPlacement(PLACEMENT, cluster.info)
         unlaunched = {
@@ -137,7 +146,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
             for cls, name in (
                 (EmbodiedFSDPActor, "actor"),
                 (MultiStepRolloutWorker, "rollout"),
-                (EnvWorker, "env"),
+                (EnvWorkerWithBareLoop, "env"),
             )
         }
         launched = launch_groups(cluster, unlaunched, timeout=300)
@@ -156,15 +165,19 @@ def _rollout_vs_bare(
     in_env_process: bool,
 ) -> tuple[dict[str, float], list[float]]:
     """Env steps/s per candidate (interleaved): the rollout, and the bare simulator here,
-    here under ``inference_mode``, in a Ray worker process and in a plain subprocess; and
-    the rollout's time beyond the env's chunk_step per env step (us)."""
+    here under ``inference_mode``, in a Ray worker process, in a plain subprocess and in
+    the env rank's own process; and the rollout's time beyond the env's chunk_step per
+    env step (us)."""
     (actor, rollout, env), log_path = groups
     sim = bare_env()
     sim_inference = bare_env()  # only ever stepped under inference_mode (see below)
-    # bare_simulator is not importable in the Ray workers: ship the class by value.
-    ray.cloudpickle.register_pickle_by_value(bare_simulator)
     sim_process = ray.remote(num_cpus=0)(BareSimulatorProcess).remote()
     ray.get(sim_process.steps.remote())  # warm-up
+
+    def in_env_rank() -> None:
+        wait_all([env.bare_steps()], timeout=120)
+
+    in_env_rank()  # warm-up: builds the env rank's bare env
     sim_subprocess = BareSimulatorSubprocess()
     steps: list[int] = []
     beyond_env_us: list[float] = []  # rollout wall time minus the env's chunk_step time
@@ -189,6 +202,7 @@ def _rollout_vs_bare(
                 ),
                 "bare simulator in a worker process": lambda: ray.get(sim_process.steps.remote()),
                 "bare simulator in a plain subprocess": sim_subprocess.steps,
+                "bare simulator in the env rank's process": in_env_rank,
             },
             blocks=3,
             rounds=6,
@@ -261,8 +275,20 @@ def test_rollout_vs_bare_simulator(
         target=None,
         floor=None,
     )
+    # And against the bare loop in the env rank's own process: the same process draw
+    # (a process's speed can differ by several percent for its lifetime), so the
+    # cleanest reading of our own per-step cost.
+    record_ratio(
+        f"{in_worker_row.removesuffix('in a Ray worker process')}in the env rank's own process",
+        rates["rollout"],
+        rates["bare simulator in the env rank's process"],
+        unit="env steps/s",
+        baseline_name="bare sim in env rank",
+        target=None,
+        floor=None,
+    )
     run = "in-env-process run" if in_env_process else "rollout-group run"
-    for where in ("a worker process", "a plain subprocess"):
+    for where in ("a worker process", "a plain subprocess", "the env rank's process"):
         record_ratio(
             f"hot path: bare simulator in {where} vs in the driver, during the {run}",
             rates[f"bare simulator in {where}"],
