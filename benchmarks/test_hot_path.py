@@ -232,11 +232,13 @@ ROWS = {
     False: (
         "hot path: rollout vs bare simulator, 1 ManiSkill PickCube-v1 state env + MLP",
         "hot path: rollout vs bare simulator in a Ray worker process",
+        "hot path: rollout vs bare simulator in the env rank's own process",
         "hot path: rollout time beyond the env's chunk_step, per env step",
     ),
     True: (
         "hot path: rollout in the env process vs bare simulator, 1 PickCube-v1 state env + MLP",
         "hot path: rollout in the env process vs bare simulator in a Ray worker process",
+        "hot path: rollout in the env process vs bare simulator in the env rank's own process",
         "hot path: in the env process, rollout time beyond chunk_step, per env step",
     ),
 }
@@ -253,7 +255,7 @@ def test_rollout_vs_bare_simulator(
     """With a rollout group, and with the env rank running the policy itself."""
     rates, beyond_env_us = _rollout_vs_bare(groups, interleave, in_env_process)
     sim_rate = rates["bare simulator"]
-    rate_row, in_worker_row, beyond_row = ROWS[in_env_process]
+    rate_row, in_worker_row, own_process_row, beyond_row = ROWS[in_env_process]
     record_ratio(
         rate_row,
         rates["rollout"],
@@ -264,29 +266,22 @@ def test_rollout_vs_bare_simulator(
         floor=0.2,
     )
     # The same rollout against the same bare loop run in a Ray worker process (the
-    # kind of process the env rank is): our own per-step cost alone, without what a
-    # worker process costs the simulator on this machine (the rows below).
-    record_ratio(
-        in_worker_row,
-        rates["rollout"],
-        rates["bare simulator in a worker process"],
-        unit="env steps/s",
-        baseline_name="bare sim in worker",
-        target=None,
-        floor=None,
-    )
-    # And against the bare loop in the env rank's own process: the same process draw
-    # (a process's speed can differ by several percent for its lifetime), so the
-    # cleanest reading of our own per-step cost.
-    record_ratio(
-        f"{in_worker_row.removesuffix('in a Ray worker process')}in the env rank's own process",
-        rates["rollout"],
-        rates["bare simulator in the env rank's process"],
-        unit="env steps/s",
-        baseline_name="bare sim in env rank",
-        target=None,
-        floor=None,
-    )
+    # kind of process the env rank is), and in the env rank's own process (the same
+    # process draw: a process's speed can differ by several percent for its
+    # lifetime): our own per-step cost, without what the process costs the simulator.
+    for row, baseline, baseline_name in (
+        (in_worker_row, "bare simulator in a worker process", "bare sim in worker"),
+        (own_process_row, "bare simulator in the env rank's process", "bare sim in env rank"),
+    ):
+        record_ratio(
+            row,
+            rates["rollout"],
+            rates[baseline],
+            unit="env steps/s",
+            baseline_name=baseline_name,
+            target=None,
+            floor=None,
+        )
     run = "in-env-process run" if in_env_process else "rollout-group run"
     for where in ("a worker process", "a plain subprocess", "the env rank's process"):
         record_ratio(
