@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -57,6 +58,13 @@ class Echo(Worker):
         dist.all_reduce(t)
         dist.destroy_process_group()
         return float(t.item())
+
+    def on_main_thread(self) -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+
+class Serial(Echo):
+    max_concurrent_calls = 1
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +160,40 @@ def test_bad_names_and_calls(cluster) -> None:
         group.times(1)
     with pytest.raises(AttributeError, match="Echo has no method 'nope'"):
         group.nope  # noqa: B018
+
+
+def test_max_concurrent_calls_pool_or_main_thread(cluster) -> None:
+    """8 (the default): calls overlap on pool threads; 1: one at a time on the main thread."""
+    strategy = PackedPlacementStrategy(0, 0)
+    pooled = Echo.create_group(1).launch(cluster, strategy, name="pooled")
+    serial = Serial.create_group(1).launch(cluster, strategy, name="serial")
+    try:
+        assert pooled.on_main_thread().wait(timeout=60) == [False]
+        assert serial.on_main_thread().wait(timeout=60) == [True]
+        pooled_gate, serial_gate = Channel.create("pooled-gate"), Channel.create("serial-gate")
+        held = pooled.wait_for(pooled_gate)
+        assert pooled.times(1).wait(timeout=120) == [1], "a second call runs meanwhile"
+        assert not held.done()
+        pooled_gate.put("go", key=0)
+        assert held.wait(timeout=120) == [0]
+        held = serial.wait_for(serial_gate)
+        queued = serial.times(1)
+        # Queued behind a call that only this test's gate ends: still waiting.
+        with pytest.raises(TimeoutError, match=r"serial.times\(\) still running"):
+            queued.wait(timeout=0.5)
+        serial_gate.put("go", key=0)
+        assert held.wait(timeout=120) == [0] and queued.wait(timeout=120) == [1]
+    finally:
+        pooled.shutdown()
+        serial.shutdown()
+
+
+def test_bad_max_concurrent_calls_is_refused() -> None:
+    class Zero(Echo):
+        max_concurrent_calls = 0
+
+    with pytest.raises(ValueError, match=r"Zero.max_concurrent_calls = 0: must be an int >= 1"):
+        Zero.create_group(1)
 
 
 def test_master_port_is_free_and_outside_the_ephemeral_range() -> None:

@@ -85,6 +85,13 @@ class EnvWorker(Worker):
         cfg: The run config.
     """
 
+    max_concurrent_calls = 1
+    """Calls run on the main thread, one at a time (see :class:`~rlinf.sched.Worker`):
+    nothing then takes the GIL from the simulator every 10 ms. The runners send an
+    env rank one call at a time. On the 2-core VM the PickCube MLP rollout read
+    0.83-0.85x of the bare simulator with it against 0.79-0.85x without (six
+    alternating runs each; ``docs/embodied_hot_path.md``)."""
+
     def __init__(self, cfg: EmbodiedConfig) -> None:
         super().__init__()
         self.cfg = cfg

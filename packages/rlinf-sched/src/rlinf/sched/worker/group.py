@@ -154,6 +154,12 @@ class WorkerGroup:
         """An unlaunched group; see :meth:`Worker.create_group`."""
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(f"{cls!r} must be a subclass of rlinf.sched.Worker")
+        calls = cls.max_concurrent_calls
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ValueError(
+                f"{cls.__name__}.max_concurrent_calls = {calls!r}: must be an int >= 1 "
+                "(1 runs the worker's calls one at a time on its main thread)"
+            )
         self._cls, self._args, self._kwargs = cls, args, kwargs
         self._actors: list[Any] = []
         self._placements: list[Placement] = []
@@ -241,7 +247,7 @@ class WorkerGroup:
                 "num_cpus": num_cpus,
                 "num_gpus": 0,
                 "runtime_env": runtime_env,
-                "max_concurrency": 8,
+                "max_concurrency": self._cls.max_concurrent_calls,
             }
             if node.ray_node_id:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 from rlinf.core._native import release_all_names
 from rlinf.core.channel import Channel, default_namespace
@@ -43,6 +43,20 @@ class Worker:
     Raises:
         RuntimeError: If instantiated outside a launched group (the
             scheduler's environment variables are missing).
+    """
+
+    max_concurrent_calls: ClassVar[int] = 8
+    """How many calls into one rank may run at once (Ray's ``max_concurrency``).
+
+    Above 1, each call runs on a thread of a pool, so a ``ping`` or a
+    ``teardown`` is answered while a long call runs; but the process's main
+    thread then wakes every 10 ms to check for signals and takes the GIL from
+    the running call each time (about 30 context switches per 100 ms, counted in
+    an env worker). 1 runs every call on the main thread, one after another:
+    for workers whose calls are hot loops and that are never sent a second call
+    while one runs (the embodied env and rollout workers). A liveness check counts
+    a busy rank as alive, and ``shutdown`` kills a rank whose ``teardown`` does
+    not come in time.
     """
 
     def __init__(self) -> None:
