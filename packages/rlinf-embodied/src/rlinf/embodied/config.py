@@ -586,8 +586,8 @@ class EmbodiedConfig(RLinfModel):
         ``rollout.in_env_process`` true or false decides as it is. ``auto`` runs the
         policy there where the run allows it (:attr:`allows_policy_in_env_process`)
         and the env ranks hold no GPU (CPU slots or CPU nodes), where it was measured
-        faster on the 2-core VM (ManiSkill PickCube, state, MLP: one env 0.73-0.83x
-        of the bare simulator's steps/s against 0.54-0.69x with a rollout group;
+        faster on the 2-core VM (ManiSkill PickCube, state, MLP: one env 0.80-0.91x
+        of the bare simulator's steps/s against 0.65-0.76x with a rollout group;
         eight envs 507 against 494 env steps/s). On accelerators ``auto`` keeps a
         rollout group: the policy in an env process on a GPU is unchecked. Launchers
         ask :func:`rlinf.embodied.runner.policy_in_env_process`, which reads
