@@ -430,7 +430,7 @@ def test_two_cartpole_stages_never_lose(
         sum(merged),
         len(merged),
         unit="blocks",
-        baseline_name="blocks",
+        baseline_name="of",
         target=None,
         floor=None,
     )
