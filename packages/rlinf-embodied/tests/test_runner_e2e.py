@@ -20,7 +20,6 @@ import importlib.util
 import logging
 import math
 import shutil
-import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,9 +35,9 @@ from rlinf.core.run_state import ConfigChangedError
 from rlinf.embodied import runner as runner_module
 from rlinf.embodied.config import EmbodiedConfig
 from rlinf.embodied.envs import available_envs, register_env
+from rlinf.embodied.envs import registry as env_registry
 from rlinf.embodied.envs.gym_env import GymVectorEnv
-from rlinf.embodied.models import available_policies, register_policy
-from rlinf.embodied.models.mlp import MLPPolicy
+from rlinf.embodied.models import registry as policy_registry
 from rlinf.embodied.pipelining import TRIAL_ROLLOUTS
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
@@ -46,6 +45,7 @@ from rlinf.sched import Cluster, HybridComponentPlacement, WorkerError, WorkerGr
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "config"
 HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
+MAIN_THREAD_PLUGIN = Path(__file__).with_name("main_thread_plugin.py")
 COLLOCATED = {"actor,env,rollout": "0-1"}
 LAST_MERGED_TRIAL_NEXT = {
     "rollouts": 2 * TRIAL_ROLLOUTS,
@@ -494,39 +494,19 @@ def test_env_workers_step_envs_in_inference_mode(
     assert metrics["train/actor/grad_norm"] > 0
 
 
-def _refuse_off_the_main_thread(what: str) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError(f"{what} ran on {threading.current_thread().name}, not the main thread")
-
-
-class MainThreadCartPole(GymVectorEnv):
-    """CartPole that refuses a step off its process's main thread."""
-
-    def _step_envs(self, actions: torch.Tensor, active: Any) -> Any:
-        _refuse_off_the_main_thread("MainThreadCartPole's step")
-        return super()._step_envs(actions, active)
-
-
-class MainThreadMLP(MLPPolicy):
-    """The MLP policy, refusing to act off its process's main thread."""
-
-    def predict_actions_first(self, *args: Any, **kwargs: Any) -> Any:
-        _refuse_off_the_main_thread("MainThreadMLP's act")
-        return super().predict_actions_first(*args, **kwargs)
-
-
-if "main_thread_cartpole" not in available_envs():
-    register_env("main_thread_cartpole")(MainThreadCartPole)
-if "main_thread_mlp" not in available_policies():
-    register_policy("main_thread_mlp")(MainThreadMLP)
-
-
 def test_env_and_rollout_workers_run_on_their_main_thread(
-    hybrid: list[WorkerGroup], tmp_path: Path
+    hybrid: list[WorkerGroup], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``max_concurrent_calls = 1`` on the env and rollout workers: their rollout and eval
     loops run on the process's main thread (where Ray's 10 ms signal checks do not take
     the GIL from them; docs/embodied_hot_path.md, pass 7)."""
+    # The plugin registers its env and policy at import: here into copies of the
+    # registries (other tests list the registered policies), in the workers for good.
+    monkeypatch.setattr(env_registry, "_REGISTRY", dict(env_registry._REGISTRY))
+    monkeypatch.setattr(policy_registry, "_POLICIES", dict(policy_registry._POLICIES))
+    spec = importlib.util.spec_from_file_location("main_thread_plugin", MAIN_THREAD_PLUGIN)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
     actor, rollout, env = hybrid
     cfg = make_config(
         tmp_path,
@@ -536,7 +516,7 @@ def test_env_and_rollout_workers_run_on_their_main_thread(
             "env.train.env_type=main_thread_cartpole",
             "env.eval.env_type=main_thread_cartpole",
             "actor.model.model_type=main_thread_mlp",
-            f"runner.plugin_modules=[{Path(__file__).resolve()}]",
+            f"runner.plugin_modules=[{MAIN_THREAD_PLUGIN}]",
             "runner.max_epochs=1",
             "runner.val_check_interval=1",
             "rollout.in_env_process=false",  # the policy acts in the rollout worker
