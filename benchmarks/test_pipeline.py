@@ -412,8 +412,8 @@ def test_two_cartpole_stages_never_lose(
         launched,
         lambda s: cartpole_config(log_path, s),
         interleave,
-        rounds=4,
-        blocks=3,
+        rounds=2,  # short blocks: a slow spell of a second or so hits both settings
+        blocks=6,
         merged_choices=merged,
     )
     record_stage_ratio(

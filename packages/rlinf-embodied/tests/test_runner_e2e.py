@@ -16,6 +16,7 @@ placement are launched concurrently to save start-up time.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import math
@@ -528,6 +529,46 @@ def test_env_and_rollout_workers_run_on_their_main_thread(
         metrics = runner.run()
     assert metrics["eval/num_episodes"] > 0
     assert metrics["train/actor/grad_norm"] > 0
+
+
+def test_init_workers_freezes_the_set_up_heap_of_every_process(
+    hybrid: list[WorkerGroup], tmp_path: Path
+) -> None:
+    """``runner.freeze_gc_heap``: after ``init_workers`` the driver and every worker
+    have frozen their set-up objects out of the cyclic collector; false freezes none."""
+    actor, rollout, env = hybrid
+    groups = (actor, rollout, env)
+
+    def worker_counts() -> list[int]:
+        return [n for group in groups for n in group.frozen_objects().wait()]
+
+    gc.unfreeze()  # this test process's own count starts at 0
+    before = worker_counts()  # earlier tests of this module may have frozen them
+    for freeze in (False, True):
+        cfg = make_config(
+            tmp_path,
+            f"heap_{freeze}",
+            [
+                *SMALL,
+                f"++runner.freeze_gc_heap={str(freeze).lower()}",
+                "rollout.in_env_process=false",
+            ],
+            placement=HYBRID,
+        )
+        with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+            runner.init_workers()
+            counts = worker_counts()
+            driver = gc.get_freeze_count()
+            runner.generate_rollouts()  # runs as before
+        if not freeze:
+            assert counts == before  # not frozen again (init_worker made new objects)
+            assert driver == 0
+            unfrozen = counts
+        else:
+            assert all(n > 10_000 for n in counts), counts  # imports, envs, models
+            assert all(n != m for n, m in zip(counts, unfrozen, strict=True)), counts
+            assert driver > 10_000
+    gc.unfreeze()
 
 
 def test_merged_stages_evaluate_like_pipelined_ones(

@@ -154,6 +154,7 @@ def disaggregated(env: dict[str, Any]) -> Iterator[dict[str, Any]]:
     runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=False)
     try:
         runner.init_workers()
+        frozen = [n for g in (actor, rollout, reward) for n in g.frozen_objects().wait()]
         last = runner.run()
         final = actor.state_summary().wait()[0]
         # This run's stamps only (later tests run more steps on the same groups).
@@ -169,6 +170,7 @@ def disaggregated(env: dict[str, Any]) -> Iterator[dict[str, Any]]:
             "stage_times": stage_times,
             "logs": env["logs"],
             "groups": (actor, rollout, reward),
+            "frozen": frozen,
         }
     finally:
         runner.shutdown(groups=False)
@@ -186,6 +188,12 @@ def test_short_run_raises_mean_reward(disaggregated: dict[str, Any]) -> None:
     print(f"\nmean reward: first 4 steps {first:.3f} -> last 4 steps {last:.3f} ({rewards})")
     assert last >= first + 0.15, rewards
     assert max(_history(runner, "actor/logprob_diff_max")) < 1e-4
+
+
+def test_init_workers_froze_every_workers_set_up_heap(disaggregated: dict[str, Any]) -> None:
+    """``runner.freeze_gc_heap`` (default true): imports and models leave the cyclic
+    collector's passes in every worker once ``init_workers`` is done (rlinf.core.heap)."""
+    assert all(n > 10_000 for n in disaggregated["frozen"]), disaggregated["frozen"]
 
 
 def test_disaggregated_stages_overlap(disaggregated: dict[str, Any]) -> None:

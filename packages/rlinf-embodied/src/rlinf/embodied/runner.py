@@ -61,6 +61,7 @@ from rlinf.core.checkpoint import (
     set_rng_state,
 )
 from rlinf.core.closing import ClosesOnExit
+from rlinf.core.heap import freeze_heap
 from rlinf.core.logging import get_logger
 from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
 from rlinf.core.protocols.workers import (
@@ -374,8 +375,25 @@ class EmbodiedRunner(ClosesOnExit):
         )
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
+        self._freeze_heaps()
         self._initialized = True
         startup.mark("init_workers")
+
+    def _freeze_heaps(self, env_only: bool = False) -> None:
+        """``runner.freeze_gc_heap``: set-up objects leave the cyclic collector's passes.
+
+        Freezes (:mod:`rlinf.core.heap`) the driver and every worker at the end
+        of :meth:`init_workers`, and the env ranks again after their train
+        stages are rebuilt (``env_only``).
+        """
+        if not self.cfg.runner.freeze_gc_heap:
+            return
+        groups = [self.env] if env_only else [self.actor, self.env]
+        if self._rollout is not None and not env_only:
+            groups.append(self._rollout)
+        self._wait([group.freeze_heap() for group in groups])
+        if not env_only:
+            freeze_heap()
 
     def _check_scaling(self) -> None:
         """Online scaling: the actor group has extra ranks, none beside its base ranks' devices."""
@@ -518,6 +536,7 @@ class EmbodiedRunner(ClosesOnExit):
         merged = self.stage_chooser.next_merged()
         if merged and self.stage_chooser.merged is None:
             self._wait([self.env.merge_train_stages()])
+            self._freeze_heaps(env_only=True)
         return merged
 
     def _rollout_metrics(
@@ -531,6 +550,7 @@ class EmbodiedRunner(ClosesOnExit):
             (_log.warning if self.stage_chooser.merged else _log.info)(choice)
             if not self.stage_chooser.merged:  # the trial ran them merged: stages again
                 self._wait([self.env.split_train_stages()])
+                self._freeze_heaps(env_only=True)
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in rollout_results]
         busy: dict[str, float] = {}

@@ -56,6 +56,7 @@ from rlinf.core.checkpoint import (
     set_rng_state,
 )
 from rlinf.core.closing import ClosesOnExit
+from rlinf.core.heap import freeze_heap
 from rlinf.core.logging import get_logger
 from rlinf.core.progress import progress_bar, rate_postfix
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
@@ -357,6 +358,13 @@ class ReasoningRunner(ClosesOnExit):
             self.proximal = self._res.channel("proximal", f"{tag}.proximal", max_items=items)
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
+        if cfg.runner.freeze_gc_heap:  # set-up objects leave the cyclic collector's passes
+            wait_all(
+                [group.freeze_heap() for group in (self.actor, self.rollout, self.reward)],
+                cfg.runner.step_timeout_s,
+                hint=_TIMEOUT_HINT,
+            )
+            freeze_heap()  # rlinf.core.heap
         self._initialized = True
         startup.mark("init_workers")
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 from rlinf.core._native import release_all_names
 from rlinf.core.channel import Channel, default_namespace
+from rlinf.core.heap import freeze_heap, frozen_objects
 from rlinf.core.logging import get_worker_logger
 from rlinf.sched.comm import CommWork, P2PEndpoint, install_resolver
 from rlinf.sched.worker.device_lock import DEVICES_ENV, DeviceLock
@@ -132,6 +133,22 @@ class Worker:
     def pid(self) -> int:
         """This worker's OS process id (for tools and tests that signal it)."""
         return os.getpid()
+
+    def freeze_heap(self) -> int:
+        """Freezes every object alive in this process out of Python's cyclic collector.
+
+        Runners call it once the worker is set up (and after rebuilding its
+        envs or models), so the collector's full passes skip the imported
+        modules, envs and models (:mod:`rlinf.core.heap`).
+
+        Returns:
+            How many objects are frozen now.
+        """
+        return freeze_heap()
+
+    def frozen_objects(self) -> int:
+        """How many objects :meth:`freeze_heap` has frozen in this process (0 if none)."""
+        return frozen_objects()
 
     def teardown(self) -> None:
         """Releases this worker's channels and locks; the scheduler calls it before killing it."""
