@@ -5,13 +5,13 @@ modules it imported (torch, gymnasium, ManiSkill, Ray), its envs and models.
 CPython's cyclic collector walks every one of them in each full
 (generation-2) pass, and such a pass comes whenever enough new objects have
 survived the younger passes. Measured with ``gc.callbacks`` in a benchmark-tier
-run on the 2-vCPU VM: a full pass took 150-180 ms in a ManiSkill env rank
+run on the 2-vCPU VM: a full pass took 140-190 ms in a ManiSkill env rank
 (about 410,000 objects), 100-160 ms in a CartPole env or rollout rank
 (260,000-350,000) and 335-410 ms in the pytest driver (750,000), several
 times a minute; each one stalls the rollout it falls in.
 
 :func:`freeze_heap` moves every object alive into the collector's permanent
-generation (:func:`gc.freeze`, made for this), so later full passes walk only
+generation (:func:`gc.freeze`), so later full passes walk only
 what was created since. The stdlib call is the whole mechanism; this module
 only fixes when to make it (after a full collection, so no garbage is frozen)
 and makes it repeatable (it unfreezes first).
