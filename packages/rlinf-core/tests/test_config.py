@@ -118,7 +118,9 @@ def test_added_key_is_rejected_by_the_schema(conf: Path) -> None:
         load_config("main", conf, ["+runner.new=1"])
     issue = only_issue(err)
     assert issue.path == "runner.new"
-    assert issue.message.startswith("unknown key 'new'; valid keys: allow_config_change, logger")
+    assert issue.message.startswith(
+        "unknown key 'new'; valid keys: allow_config_change, freeze_gc_heap, logger"
+    )
     assert issue.value == 1
     with pytest.raises(ConfigError) as err:
         load_config("main", conf, ["+runner.max_stepss=1"])
