@@ -561,12 +561,17 @@ def test_init_workers_freezes_the_set_up_heap_of_every_process(
             driver = gc.get_freeze_count()
             runner.generate_rollouts()  # runs as before
         if not freeze:
-            assert counts == before  # not frozen again (init_worker made new objects)
+            # Not frozen again: a count only drops (earlier frozen objects, such as the
+            # envs init_worker replaced, are freed by reference counting).
+            assert all(n <= m for n, m in zip(counts, before, strict=True)), (counts, before)
             assert driver == 0
             unfrozen = counts
         else:
-            assert all(n > 10_000 for n in counts), counts  # imports, envs, models
-            assert all(n != m for n, m in zip(counts, unfrozen, strict=True)), counts
+            # Every live object, so also those made since (this runner's envs and models).
+            assert all(n > max(m, 10_000) for n, m in zip(counts, unfrozen, strict=True)), (
+                counts,
+                unfrozen,
+            )
             assert driver > 10_000
     gc.unfreeze()
 
