@@ -30,8 +30,9 @@ import gc
 
 __all__ = ["freeze_heap", "frozen_objects"]
 
-_thaw_at_exit: list[bool] = []
-"""Non-empty once :func:`freeze_heap` has registered ``gc.unfreeze`` to run at exit."""
+# Python's last collection at exit skips frozen objects; extension types that count
+# their instances (nanobind's, e.g. triton's) would report those as leaked.
+atexit.register(gc.unfreeze)
 
 
 def freeze_heap() -> int:
@@ -46,11 +47,6 @@ def freeze_heap() -> int:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    if not _thaw_at_exit:
-        # Python's last collection at exit skips frozen objects; extension types
-        # that count their instances (nanobind's) would report those as leaked.
-        atexit.register(gc.unfreeze)
-        _thaw_at_exit.append(True)
     return gc.get_freeze_count()
 
 
