@@ -68,7 +68,7 @@ def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     toy = tmp_path_factory.mktemp("toy")
     logs = tmp_path_factory.mktemp("logs")
     cfgs = {
-        "disagg": _cfg(toy, logs, "disagg", DISAGGREGATED),
+        "disagg": _cfg(toy, logs, "disagg", DISAGGREGATED, freeze_gc_heap=True),
         "coll": _cfg(
             toy,
             logs,
@@ -191,7 +191,7 @@ def test_short_run_raises_mean_reward(disaggregated: dict[str, Any]) -> None:
 
 
 def test_init_workers_froze_every_workers_set_up_heap(disaggregated: dict[str, Any]) -> None:
-    """``runner.freeze_gc_heap`` (default true): imports and models leave the cyclic
+    """``runner.freeze_gc_heap`` (opt-in, set here): imports and models leave the cyclic
     collector's passes in every worker once ``init_workers`` is done (rlinf.core.heap)."""
     assert all(n > 10_000 for n in disaggregated["frozen"]), disaggregated["frozen"]
 

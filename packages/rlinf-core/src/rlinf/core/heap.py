@@ -4,11 +4,7 @@ A training process holds a few hundred thousand objects from its start on: the
 modules it imported (torch, gymnasium, ManiSkill, Ray), its envs and models.
 CPython's cyclic collector walks every one of them in each full
 (generation-2) pass, and such a pass comes whenever enough new objects have
-survived the younger passes. Measured with ``gc.callbacks`` in a benchmark-tier
-run on the 2-vCPU VM: a full pass took 140-190 ms in a ManiSkill env rank
-(about 410,000 objects), 100-160 ms in a CartPole env or rollout rank
-(260,000-350,000) and 335-410 ms in the pytest driver (750,000), several
-times a minute; each one stalls the rollout it falls in.
+survived the younger passes; each one stalls the rollout it falls in.
 
 :func:`freeze_heap` moves every object alive into the collector's permanent
 generation (:func:`gc.freeze`), so later full passes walk only
@@ -30,9 +26,19 @@ import gc
 
 __all__ = ["freeze_heap", "frozen_objects"]
 
-# Python's last collection at exit skips frozen objects; extension types that count
-# their instances (nanobind's, e.g. triton's) would report those as leaked.
-atexit.register(gc.unfreeze)
+_exit_thaw_registered = False
+
+
+def _register_exit_thaw() -> None:
+    """Unfreezes the heap at exit; registered once, by the first :func:`freeze_heap`.
+
+    Python's last collection at exit skips frozen objects; extension types that
+    count their instances (nanobind's, e.g. triton's) would report those as leaked.
+    """
+    global _exit_thaw_registered
+    if not _exit_thaw_registered:
+        _exit_thaw_registered = True
+        atexit.register(gc.unfreeze)
 
 
 def freeze_heap() -> int:
@@ -44,6 +50,7 @@ def freeze_heap() -> int:
     Returns:
         How many objects are frozen now (:func:`gc.get_freeze_count`).
     """
+    _register_exit_thaw()
     gc.unfreeze()
     gc.collect()
     gc.freeze()

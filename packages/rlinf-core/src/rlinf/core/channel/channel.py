@@ -176,9 +176,23 @@ def _release_at_exit() -> None:
     _native.release_all_names()
 
 
-# Objects alive at interpreter exit are not always destroyed, so give up this
-# process's names explicitly (the last holder unlinks).
-atexit.register(_release_at_exit)
+_exit_hooks_registered = False
+
+
+def _register_exit_hooks() -> None:
+    """Registers the exit hooks once, when this process first makes a channel handle.
+
+    Objects alive at interpreter exit are not always destroyed, so the process
+    gives up its names explicitly at exit (the last holder unlinks). Importing
+    the module registers nothing.
+    """
+    global _exit_hooks_registered
+    if _exit_hooks_registered:
+        return
+    _exit_hooks_registered = True
+    atexit.register(_release_at_exit)
+    if os.environ.get("RLINF_CHANNEL_DEBUG_WAITS"):
+        atexit.register(_print_wait_stats)
 
 
 def _after_fork_in_multiprocessing_child(_: object) -> None:
@@ -200,9 +214,6 @@ multiprocessing.util.register_after_fork(_AFTER_FORK_TOKEN, _after_fork_in_multi
 def _print_wait_stats() -> None:
     print(f"[rlinf.channel pid {os.getpid()}] waits: {_native.wait_stats()}")
 
-
-if os.environ.get("RLINF_CHANNEL_DEBUG_WAITS"):
-    atexit.register(_print_wait_stats)
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -303,6 +314,7 @@ class Channel:
         self, core: _native.ChannelCore, name: str, namespace: str, address: str | None = None
     ) -> None:
         """Wraps a native handle; use :meth:`create` or :meth:`connect` instead."""
+        _register_exit_hooks()
         self._core = core
         self._name = name
         self._namespace = namespace
