@@ -215,7 +215,6 @@ def _print_wait_stats() -> None:
     print(f"[rlinf.channel pid {os.getpid()}] waits: {_native.wait_stats()}")
 
 
-
 def _pool() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
