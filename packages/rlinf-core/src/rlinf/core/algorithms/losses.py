@@ -44,6 +44,66 @@ def _values_returns_shape(values: torch.Tensor, returns: torch.Tensor) -> tuple[
     return shape
 
 
+def _check_clip_args(
+    clip_ratio_low: float, clip_ratio_high: float | None, dual_clip_c: float | None
+) -> float:
+    """Validates the clip arguments; returns the upper clip (``clip_ratio_low`` if None)."""
+    check_positive("clip_ratio_low", clip_ratio_low, "set algorithm.clip_ratio_low to e.g. 0.2")
+    if clip_ratio_low >= 1:
+        fail(
+            "clip_ratio_low",
+            clip_ratio_low,
+            "must be < 1 (the lower ratio bound 1 - clip_ratio_low would be <= 0)",
+            "set algorithm.clip_ratio_low to e.g. 0.2",
+        )
+    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
+    check_positive("clip_ratio_high", high, "set algorithm.clip_ratio_high to e.g. 0.28")
+    if dual_clip_c is not None and not dual_clip_c > 1:
+        fail(
+            "dual_clip_c",
+            dual_clip_c,
+            "must be > 1",
+            "set algorithm.clip_ratio_c to e.g. 3.0, or null to disable dual clip",
+        )
+    return high
+
+
+def _masked_log_ratio(
+    logp: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> torch.Tensor:
+    """``logp - old_logprobs``, optionally clamped, and 0 where ``mask`` is false."""
+    log_ratio = logp - as_float(old_logprobs).to(logp.dtype)
+    if clip_min is not None or clip_max is not None:
+        log_ratio = log_ratio.clamp(min=clip_min, max=clip_max)
+    return torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    dual_clip_c: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-entry PPO losses and where the ratio clip and the dual clip are active."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    losses = torch.maximum(unclipped, clipped)
+    clip_active = clipped > unclipped
+    if dual_clip_c is not None:
+        cap = dual_clip_c * adv.abs()
+        dual_active = (adv < 0) & (losses > cap)
+        losses = torch.where(dual_active, cap, losses)
+    else:
+        dual_active = torch.zeros_like(mask)
+    return losses, clip_active, dual_active
+
+
 @register_policy_loss("ppo", aliases=("actor", "actor_critic"))
 def ppo_policy_loss(
     *,
@@ -99,47 +159,19 @@ def ppo_policy_loss(
         ValueError: For invalid clip values, unknown ``loss_agg_mode`` or
             mismatched shapes.
     """
-    check_positive("clip_ratio_low", clip_ratio_low, "set algorithm.clip_ratio_low to e.g. 0.2")
-    if clip_ratio_low >= 1:
-        fail(
-            "clip_ratio_low",
-            clip_ratio_low,
-            "must be < 1 (the lower ratio bound 1 - clip_ratio_low would be <= 0)",
-            "set algorithm.clip_ratio_low to e.g. 0.2",
-        )
-    high = clip_ratio_low if clip_ratio_high is None else clip_ratio_high
-    check_positive("clip_ratio_high", high, "set algorithm.clip_ratio_high to e.g. 0.28")
-    if dual_clip_c is not None and not dual_clip_c > 1:
-        fail(
-            "dual_clip_c",
-            dual_clip_c,
-            "must be > 1",
-            "set algorithm.clip_ratio_c to e.g. 3.0, or null to disable dual clip",
-        )
+    high = _check_clip_args(clip_ratio_low, clip_ratio_high, dual_clip_c)
     check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
     check_broadcast("advantages", advantages, "logprobs", logprobs)
     mask = _bool_mask(loss_mask, "loss_mask", "logprobs", logprobs)
 
     logp = as_float(logprobs)
+    log_ratio = _masked_log_ratio(logp, old_logprobs, mask, clip_log_ratio_min, clip_log_ratio_max)
     adv = as_float(advantages).to(logp.dtype).expand_as(logp)
-    log_ratio = logp - as_float(old_logprobs).to(logp.dtype)
-    if clip_log_ratio_min is not None or clip_log_ratio_max is not None:
-        log_ratio = log_ratio.clamp(min=clip_log_ratio_min, max=clip_log_ratio_max)
-    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
     adv = torch.where(mask, adv, torch.zeros_like(adv))
     ratio = torch.exp(log_ratio)
-
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + high)
-    losses = torch.maximum(unclipped, clipped)
-    clip_active = clipped > unclipped
-    if dual_clip_c is not None:
-        cap = dual_clip_c * adv.abs()
-        dual_active = (adv < 0) & (losses > cap)
-        losses = torch.where(dual_active, cap, losses)
-    else:
-        dual_active = torch.zeros_like(mask)
-
+    losses, clip_active, dual_active = _clipped_surrogate(
+        ratio, adv, mask, clip_ratio_low, high, dual_clip_c
+    )
     loss = agg_loss(
         losses, mask, loss_agg_mode, mask_sum=loss_mask_sum, max_episode_steps=max_episode_steps
     )
