@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -87,6 +88,12 @@ class Ratio:
 
 _ROWS: list[Ratio] = []
 _UNRECORDED: list[tuple[str, str]] = []  # (test, outcome) of tests that recorded no ratio
+_STARTED: list[float] = []  # time.monotonic() at the session's start
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Notes when the tier started: its duration goes into the JSON."""
+    _STARTED.append(time.monotonic())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -224,6 +231,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     doc = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "args": session.config.invocation_params.args,
+        "duration_s": round(time.monotonic() - _STARTED[0], 1) if _STARTED else None,
         "ratios_passed": ok,  # no ratio below its floor
         "summary": summary,
         "ratios": [r.as_dict() for r in _ROWS],
