@@ -34,9 +34,9 @@ class MainThreadCartPole(GymVectorEnv):
 class MainThreadMLP(MLPPolicy):
     """The MLP policy, refusing to act off its process's main thread."""
 
-    def predict_actions_first(self, *args: Any, **kwargs: Any) -> Any:
+    def predict_action_batch(self, *args: Any, **kwargs: Any) -> Any:
         _refuse_off_the_main_thread("MainThreadMLP's act")
-        return super().predict_actions_first(*args, **kwargs)
+        return super().predict_action_batch(*args, **kwargs)
 
 
 if "main_thread_cartpole" not in available_envs():

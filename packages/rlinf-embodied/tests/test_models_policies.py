@@ -186,40 +186,36 @@ def test_recomputed_logprobs_and_values_match(model_type: str, discrete: bool) -
     ("model_type", "discrete"), [("mlp", False), ("mlp", True), ("cnn", False), ("cnn", True)]
 )
 def test_rollout_path_equals_module_calls(model_type: str, discrete: bool) -> None:
-    """predict_actions_first (run_plain, logprobs on complete()) == modules + sample, exactly."""
+    """predict_action_batch == encoder, trunk, head and ``ActionHead.sample``, exactly."""
     policy, spec = make_policy(model_type, discrete, chunks=2)
     obs = make_obs(spec, n=3)
     for mode in ("train", "eval"):
-        actions, complete = policy.predict_actions_first(
+        out = policy.predict_action_batch(
             obs, mode=mode, generator=torch.Generator().manual_seed(11)
         )
-        out = complete()
         with torch.no_grad():
             params = logits_of(policy, policy._to_device(policy._select_inputs(obs)))
             expected = policy.action_head.sample(
                 params, mode == "eval", torch.Generator().manual_seed(11)
             )
-        assert torch.equal(actions, expected[0])
+        assert torch.equal(out.actions, expected[0])
         assert torch.equal(out.forward_inputs["action"], expected[1])
         assert out.prev_logprobs is not None and torch.equal(out.prev_logprobs, expected[2])
 
 
 @pytest.mark.parametrize("model_type", ["mlp", "cnn"])
 def test_rollout_path_is_the_same_in_inference_mode_and_records_no_graph(model_type: str) -> None:
-    """The rollout loops act under ``torch.inference_mode()`` (where the policy skips its own
-    ``no_grad``); outside it the policy still records no graph on trainable weights."""
+    """The rollout loops act under ``torch.inference_mode()``; the outputs are the same there,
+    and outside it the policy still records no graph on trainable weights."""
     policy, spec = make_policy(model_type, discrete=False, chunks=2)
     assert any(p.requires_grad for p in policy.parameters())
     obs = make_obs(spec, n=3)
     outs = []
     for inference in (False, True):
         with torch.inference_mode(inference):
-            actions, complete = policy.predict_actions_first(
-                obs, generator=torch.Generator().manual_seed(5)
-            )
-            out = complete()
+            out = policy.predict_action_batch(obs, generator=torch.Generator().manual_seed(5))
         assert out.prev_values is not None and out.prev_logprobs is not None
-        tensors = (actions, out.prev_logprobs, out.prev_values)
+        tensors = (out.actions, out.prev_logprobs, out.prev_values)
         assert not any(t.requires_grad for t in tensors)
         assert all(t.is_inference() == inference for t in tensors)
         outs.append(tensors)

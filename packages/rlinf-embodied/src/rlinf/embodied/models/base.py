@@ -15,9 +15,8 @@ logprobs and entropy ``[n, C * A]`` (continuous, per dimension) or ``[n, C]``
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +32,6 @@ from rlinf.embodied.models.heads import (
     ValueHead,
     build_mlp,
 )
-from rlinf.embodied.models.plain_call import run_plain
 
 __all__ = ["ActorCriticPolicy", "BasePolicy"]
 
@@ -172,40 +170,6 @@ class BasePolicy(nn.Module, ABC):
             Actions ``[n, C, A]``, ``prev_logprobs``, ``prev_values`` ``[n, V]`` and
             ``forward_inputs``, all on the policy's device.
         """
-
-    def predict_actions_first(
-        self,
-        obs: Mapping[str, Tensor],
-        mode: str = "train",
-        *,
-        generator: torch.Generator | None = None,
-        values: bool = True,
-    ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
-        """:meth:`predict_action_batch` in two parts: the action chunk, then the rest.
-
-        A rollout worker sends the actions to the env at once and completes the
-        output (values, stored forward inputs) while the env steps, so that work
-        is off the env's critical path. This default does everything in the first
-        part (right for policies whose values share the action's forward pass);
-        :class:`ActorCriticPolicy` defers its separate value network.
-
-        Args:
-            obs: Observations, as for :meth:`predict_action_batch`.
-            mode: ``train`` or ``eval``.
-            generator: Random generator for sampling.
-            values: False lets a policy whose values come from a network of their
-                own leave ``prev_values`` None, for the caller to compute them later
-                in one batch with :meth:`get_value` (the env process does, with
-                ``rollout.in_env_process``); policies whose values share the
-                action's forward pass compute them anyway.
-
-        Returns:
-            ``(actions [n, C, A], complete)``: calling ``complete()`` (once) returns
-            the same :class:`PolicyOutput` that :meth:`predict_action_batch` would
-            (without ``prev_values`` where ``values`` is False and the policy defers them).
-        """
-        output = self.predict_action_batch(obs, mode, generator=generator)
-        return output.actions, lambda: output
 
     @abstractmethod
     def default_forward(
@@ -365,10 +329,7 @@ class ActorCriticPolicy(BasePolicy):
 
     def _to_device(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
         device = self.device
-        return {  # (a same-device .to() still costs a dispatch on the rollout's hot path)
-            key: value if value.device == device else value.to(device, non_blocking=True)
-            for key, value in inputs.items()
-        }
+        return {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
 
     def _features(self, obs: Mapping[str, Any]) -> Tensor:
         """Encoder features ``[n, F]`` of the entries of ``obs`` this policy reads."""
@@ -394,47 +355,21 @@ class ActorCriticPolicy(BasePolicy):
         back; states as float32, images as uint8) plus ``action`` (``[n, C, A]`` float32,
         or ``[n, C, 1]`` int64 indices for discrete actions).
         """
-        _, complete = self.predict_actions_first(obs, mode, generator=generator)
-        return complete()
-
-    def predict_actions_first(
-        self,
-        obs: Mapping[str, Tensor],
-        mode: str = "train",
-        *,
-        generator: torch.Generator | None = None,
-        values: bool = True,
-    ) -> tuple[Tensor, Callable[[], PolicyOutput]]:
-        """See :meth:`BasePolicy.predict_actions_first`; ``complete()`` runs the value head.
-
-        The value head is a network of its own (on the encoder's features), so a
-        rollout worker can run it after the actions are on their way to the env;
-        with ``values`` False ``complete()`` skips it (``prev_values`` None). The
-        logprobs also wait for ``complete()`` (:meth:`ActionHead.draw`), and the
-        trunk and head run through :func:`run_plain` (the same values, fewer
-        module calls on the per-step path).
-        """
         self._check_mode(mode)
-        with _no_grad():
+        with torch.no_grad():
             inputs = self._select_inputs(obs)
             features = self._encode(self._to_device(inputs))
-            params = run_plain(self.action_head, run_plain(self.actor_backbone, features))
-            actions, rest = self.action_head.draw(
+            params = self.action_head(self.actor_backbone(features))
+            actions, stored, logprobs = self.action_head.sample(
                 params, deterministic=mode == "eval", generator=generator
             )
-
-        def complete() -> PolicyOutput:
-            with _no_grad():
-                stored, logprobs = rest()
-                prev_values = self._values(features) if values else None
-            return PolicyOutput(
-                actions=actions,
-                prev_logprobs=logprobs,
-                prev_values=prev_values,
-                forward_inputs={**inputs, "action": stored},
-            )
-
-        return actions, complete
+            values = self._values(features)
+        return PolicyOutput(
+            actions=actions,
+            prev_logprobs=logprobs,
+            prev_values=values,
+            forward_inputs={**inputs, "action": stored},
+        )
 
     def default_forward(
         self,
@@ -482,41 +417,12 @@ class ActorCriticPolicy(BasePolicy):
             return self._values(self._features(obs))
 
 
-_NOTHING = contextlib.nullcontext()
-
-
-def _no_grad() -> contextlib.AbstractContextManager[None]:
-    """``torch.no_grad()``, or nothing where ``torch.inference_mode()`` is already on.
-
-    The rollout loops run in inference mode (see ``workers/env_worker.py``);
-    there entering ``no_grad`` per act cost 7 us of 185 right after a PickCube
-    simulator step (medians of eight alternating blocks of 150 steps, by hand).
-    """
-    return _NOTHING if torch.is_inference_mode_enabled() else torch.no_grad()
-
-
 def _first_parameter(module: nn.Module) -> Tensor:
-    """``next(module.parameters())``, without its generator machinery (the rollout asks per step).
-
-    Looked up each time, not cached: moving, offloading or sharding a module can
-    replace its parameters.
+    """The module's first parameter.
 
     Raises:
         ValueError: The module has no parameters.
     """
-    found = _find_parameter(module)
-    if found is None:
-        raise ValueError(f"{type(module).__name__} has no parameters: it has no device or dtype")
-    return found
-
-
-def _find_parameter(module: nn.Module) -> Tensor | None:
-    for param in module._parameters.values():
-        if param is not None:
-            return param
-    for child in module._modules.values():
-        if child is not None:
-            found = _find_parameter(child)
-            if found is not None:
-                return found
-    return None
+    for param in module.parameters():
+        return param
+    raise ValueError(f"{type(module).__name__} has no parameters: it has no device or dtype")

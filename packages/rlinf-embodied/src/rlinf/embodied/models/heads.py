@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from rlinf.embodied.models.config import Activation
-from rlinf.embodied.models.plain_call import run_plain
 
 __all__ = [
     "ActionHead",
@@ -46,11 +45,6 @@ _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _SQRT2 = math.sqrt(2.0)
-
-
-def _float32(x: Tensor) -> Tensor:
-    """``x.float()``, skipping the dispatched no-op on float32 (the rollout calls it per step)."""
-    return x if x.dtype == torch.float32 else x.float()
 
 
 def orthogonal_init(gain: float) -> Callable[[nn.Module], None]:
@@ -170,9 +164,7 @@ class ActionHead(nn.Module, ABC):
     num_chunks: int
     action_dim: int
 
-    plain_forward = True
-    """``forward`` only runs layers through :func:`run_plain` (see that module)."""
-
+    @abstractmethod
     def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -185,23 +177,8 @@ class ActionHead(nn.Module, ABC):
 
         Returns:
             ``(env_actions [n, C, A] float32, stored_action, logprobs)``, where
-            ``stored_action`` is what :meth:`log_prob` takes back.
-        """
-        actions, rest = self.draw(params, deterministic, generator)
-        stored, logprobs = rest()
-        return actions, stored, logprobs
-
-    @abstractmethod
-    def draw(
-        self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """:meth:`sample`, split for the rollout: the env's actions now, the rest on call.
-
-        The random draw happens here; the returned function gives
-        ``(stored_action, logprobs)``, the same values :meth:`sample` returns, so a
-        rollout can send the actions before computing the logprobs (a rollout
-        worker does that while the env steps). The env actions must not be
-        written in place before the function is called.
+            ``stored_action`` is what :meth:`log_prob` takes back; the env may write
+            ``env_actions`` in place (``stored_action`` does not share its memory).
         """
 
     @abstractmethod
@@ -232,12 +209,13 @@ class GaussianActionHead(ActionHead):
 
     def forward(self, features: Tensor) -> Tensor:
         """Action means ``[n, C * A]`` (float32)."""
-        return _float32(run_plain(self.mean, features))
+        means: Tensor = self.mean(features)
+        return means.float()
 
-    def draw(
+    def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """Samples ``mean + std * eps`` (unclipped), or takes the mean; see :meth:`ActionHead.draw`.
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Samples ``mean + std * eps`` (unclipped), or takes the mean.
 
         Args:
             params: Means ``[n, C * A]``.
@@ -245,29 +223,18 @@ class GaussianActionHead(ActionHead):
             generator: Random generator for ``eps``.
 
         Returns:
-            ``actions [n, C, A]`` and a function giving ``(actions [n, C, A] (a copy),
-            logprobs [n, C * A])``.
+            ``(actions [n, C, A], stored actions [n, C, A] (a copy), logprobs [n, C * A])``.
         """
-        log_std = _float32(self.log_std)
+        log_std = self.log_std.float()
         if deterministic:
             flat = params.clone()
-            actions = flat.view(-1, self.num_chunks, self.action_dim)
-            stored = actions.clone()
-            return actions, lambda: (stored, gaussian_log_prob(flat, params, log_std))
-        eps = torch.randn(
-            params.shape, generator=generator, device=params.device, dtype=params.dtype
-        )
-        actions = torch.addcmul(params, log_std.exp(), eps).view(
-            -1, self.num_chunks, self.action_dim
-        )
-        stored = actions.clone()
-
-        def rest() -> tuple[Tensor, Tensor]:
-            # gaussian_log_prob(actions, params, log_std) from eps itself (z = eps): five
-            # fewer small ops per rollout step; equal up to float32 rounding.
-            return stored, eps.square().mul_(-0.5).sub_(log_std + _HALF_LOG_2PI)
-
-        return actions, rest
+        else:
+            eps = torch.randn(
+                params.shape, generator=generator, device=params.device, dtype=params.dtype
+            )
+            flat = torch.addcmul(params, log_std.exp(), eps)
+        actions = flat.view(-1, self.num_chunks, self.action_dim)
+        return actions, actions.clone(), gaussian_log_prob(flat, params, log_std)
 
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
         """Per-dimension logprobs ``[n, C * A]`` of ``action`` (``[n, C, A]`` or ``[n, C * A]``)."""
@@ -296,13 +263,13 @@ class CategoricalActionHead(ActionHead):
 
     def forward(self, features: Tensor) -> Tensor:
         """Logits ``[n, C, K]`` (float32)."""
-        logits = run_plain(self.logits, features)
-        return _float32(logits).view(-1, self.num_chunks, self.num_actions)
+        logits: Tensor = self.logits(features)
+        return logits.float().view(-1, self.num_chunks, self.num_actions)
 
-    def draw(
+    def sample(
         self, params: Tensor, deterministic: bool, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """Samples an index per sub-step, or takes the argmax; see :meth:`ActionHead.draw`.
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Samples an index per sub-step, or takes the argmax; see :meth:`ActionHead.sample`.
 
         Args:
             params: Logits ``[n, C, K]``.
@@ -310,8 +277,7 @@ class CategoricalActionHead(ActionHead):
             generator: Random generator for sampling.
 
         Returns:
-            ``indices as float [n, C, 1]`` and a function giving ``(indices int64
-            [n, C, 1], logprobs [n, C])``.
+            ``(indices as float [n, C, 1], indices int64 [n, C, 1], logprobs [n, C])``.
         """
         if deterministic:
             index = params.argmax(-1)
@@ -319,7 +285,7 @@ class CategoricalActionHead(ActionHead):
             probs = torch.softmax(params, dim=-1).view(-1, self.num_actions)
             index = torch.multinomial(probs, 1, generator=generator).view(params.shape[:-1])
         stored = index.unsqueeze(-1)
-        return stored.float(), lambda: (stored, categorical_log_prob(params, index))
+        return stored.float(), stored, categorical_log_prob(params, index)
 
     def log_prob(self, params: Tensor, action: Tensor) -> Tensor:
         """Logprobs ``[n, C]`` of stored indices (``[n, C, 1]`` or ``[n, C]``, any dtype)."""

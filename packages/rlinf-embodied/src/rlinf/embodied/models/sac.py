@@ -32,14 +32,14 @@ from rlinf.embodied.models.config import Activation, PolicyConfig
 from rlinf.embodied.models.heads import build_mlp, gaussian_log_prob
 from rlinf.embodied.models.registry import register_policy
 
-__all__ = ["LOG_STD_MAX", "LOG_STD_MIN", "SACPolicy"]
+__all__ = ["SACPolicy"]
 
-LOG_STD_MIN = -5.0
+_LOG_STD_MIN = -5.0
 """Smallest ``log_std`` of the actor's Gaussian."""
-LOG_STD_MAX = 2.0
+_LOG_STD_MAX = 2.0
 """Largest ``log_std`` of the actor's Gaussian."""
 
-SAC_MODES = ("train", "eval", "random")
+_SAC_MODES = ("train", "eval", "random")
 
 
 def _torch_default_init(_: nn.Module) -> None:
@@ -119,7 +119,7 @@ class SACPolicy(BasePolicy):
         features = self.actor_backbone(states)
         mean = self.mean_head(features)
         log_std = torch.tanh(self.log_std_head(features))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
+        log_std = _LOG_STD_MIN + 0.5 * (_LOG_STD_MAX - _LOG_STD_MIN) * (log_std + 1.0)
         return mean, log_std
 
     def _squash(self, u: Tensor) -> Tensor:
@@ -181,8 +181,8 @@ class SACPolicy(BasePolicy):
         bounds. ``prev_logprobs`` ``[n, A]`` and ``prev_values`` are zeros (SAC does
         not use them); ``forward_inputs`` is ``{"states"}``.
         """
-        if mode not in SAC_MODES:
-            raise ValueError(f"mode={mode!r} is not one of {SAC_MODES}")
+        if mode not in _SAC_MODES:
+            raise ValueError(f"mode={mode!r} is not one of {_SAC_MODES}")
         states = self._states(obs)
         n, a = states.shape[0], self.spec.action_dim
         if mode == "random":
