@@ -28,9 +28,7 @@ outside the simulator state are not covered by that copy.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -74,66 +72,12 @@ def _cat_states(trees: list[Any]) -> Any:
     return torch.cat(trees, dim=0)
 
 
-def _seed_cpu_generator(seed: int) -> torch.Generator:
-    """What ``torch.manual_seed`` does when only the CPU is in use, less the lazy queues."""
-    return torch.default_generator.manual_seed(int(seed))
-
-
-def _only_the_cpu_in_use() -> bool:
-    """Whether ``torch.manual_seed`` would seed nothing now but the CPU generator.
-
-    True when no accelerator torch seeds is initialized (CUDA, XPU, MTIA), the
-    build has no MPS and no custom (privateuse1) backend is registered: then
-    ``torch.manual_seed`` seeds the CPU generator and only queues the seed for
-    the others' lazy initialization.
-    """
-    return not (
-        torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        or torch.xpu.is_initialized()  # type: ignore[no-untyped-call]
-        or torch.mtia.is_initialized()  # type: ignore[no-untyped-call]
-        or torch._C._has_mps
-        or torch._C._get_privateuse1_backend_name() != "privateuseone"
-    )
-
-
-@contextlib.contextmanager
-def _cpu_only_manual_seed() -> Iterator[None]:
-    """Inside: ``torch.manual_seed`` seeds the CPU generator alone, where that is all it seeds.
-
-    ManiSkill's seeded reset calls ``torch.manual_seed`` inside
-    ``torch.random.fork_rng()``. With no accelerator initialized (every CPU
-    machine, and a CPU-sim env worker on a GPU machine that has not touched
-    CUDA), torch then queues the seed for each accelerator's lazy
-    initialization, recording ``traceback.format_stack()`` three times (CUDA,
-    XPU, MTIA): 1.0 ms of a 3.1-3.2 ms PickCube reset on the hot-path VM, and
-    more from a deeper stack such as an env worker's. ``fork_rng`` restores the
-    CPU generator afterwards but not those queues, so the episode seed would also
-    seed a CUDA initialized later. Here the CPU generator is seeded exactly as
-    ``torch.manual_seed`` seeds it, and nothing is queued; where any other device
-    is in use this changes nothing. The replacement is module-global while the
-    block runs: the env worker resets its envs on one thread, and nothing else in
-    it seeds torch meanwhile.
-    """
-    if not _only_the_cpu_in_use():
-        yield
-        return
-    original = torch.manual_seed
-    torch.manual_seed = _seed_cpu_generator
-    try:
-        yield
-    finally:
-        torch.manual_seed = original
-
-
 class _Batch:
     """One ManiSkill env holding ``k`` parallel scenes (``k == 1`` on the CPU sim).
 
     Every call into the env after its construction runs under
-    ``torch.inference_mode()``: ManiSkill's step is mostly small torch ops (the
-    physics is ~0.5 ms of a ~2.5 ms CPU step), and without autograd's per-op
-    bookkeeping it ran 12-16% faster by hand (PickCube, alternating round by
-    round; the hot-path benchmark's ``bare simulator under
-    torch.inference_mode`` row, block by block, is noisier). ManiSkill keeps tensors it
+    ``torch.inference_mode()``: ManiSkill's step is mostly small torch ops, and
+    nothing the env returns needs autograd. ManiSkill keeps tensors it
     creates in a step (poses, controller targets); they become inference
     tensors, which may only be written in place inside inference mode, so no
     call may bypass this class. What the env returns is read (or copied) by
@@ -155,7 +99,8 @@ class _Batch:
         if not self.share_by_state:
             idx = torch.as_tensor(local_ids, device=self.device)
             seed = [int(s) for s in self.seeds] if self.k > 1 else int(seeds[0])
-            return self._seeded_reset(seed, {"env_idx": idx})
+            obs, _ = self.env.reset(seed=seed, options={"env_idx": idx})
+            return obs
         # Sample a start for each seed not seen yet (first env with that seed), cache
         # its simulator state, then set every env to the cached state of its seed.
         fresh: dict[int, int] = {}
@@ -164,7 +109,7 @@ class _Batch:
                 fresh[int(seed)] = int(env_id)
         if fresh:
             sample_ids = torch.as_tensor(list(fresh.values()), device=self.device)
-            self._seeded_reset([int(s) for s in self.seeds], {"env_idx": sample_ids})
+            self.env.reset(seed=[int(s) for s in self.seeds], options={"env_idx": sample_ids})
             state = self.env.unwrapped.get_state_dict()
             for j, seed in enumerate(fresh):
                 self._cache[seed] = _index_state(state, sample_ids[j : j + 1])
@@ -186,14 +131,8 @@ class _Batch:
         """The raw obs the env was built with (or of a reset with seed 0, if it kept none)."""
         raw = getattr(self.env.unwrapped, "_init_raw_obs", None)
         if raw is None:
-            raw = self._seeded_reset(0, {})
+            raw, _ = self.env.reset(seed=0)
         return raw
-
-    def _seeded_reset(self, seed: int | list[int], options: dict[str, Any]) -> Any:
-        """ManiSkill's seeded reset (see :func:`_cpu_only_manual_seed`); returns the raw obs."""
-        with _cpu_only_manual_seed():
-            obs, _ = self.env.reset(seed=seed, options=options)
-        return obs
 
     @torch.inference_mode()
     def render(self) -> Any:
