@@ -8,7 +8,7 @@ reset). The loop also runs in a plain spawned process
 gap is only the simulator running in another process, or in a Ray worker; and
 in the env rank's own process (:class:`EnvWorkerWithBareLoop`), which leaves
 out what that process costs the simulator (a process's speed is a draw that
-lasts its lifetime: see ``docs/embodied_hot_path.md``).
+lasts its lifetime: see ``benchmarks/notes/embodied_hot_path.md``).
 
 A module of its own (not a ``test_*`` file) so a spawned child can import it:
 the benchmark directory is on ``sys.path`` (``conftest.py``) and spawned

@@ -29,7 +29,7 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
   simulator in the env rank's process vs in the driver`` (info): the same loop
   run by the env rank itself (``EnvWorkerWithBareLoop.bare_steps``), between
   its rollouts. A process's speed can differ by several percent for its whole
-  lifetime, with or without Ray (``docs/embodied_hot_path.md``); on the same
+  lifetime, with or without Ray (``benchmarks/notes/embodied_hot_path.md``); on the same
   process the rollout's ratio is our own per-step cost alone.
 - ``bare simulator under torch.inference_mode vs plain`` (info): the same
   loop in the driver on a second env stepped under ``torch.inference_mode()``,
