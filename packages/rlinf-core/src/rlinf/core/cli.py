@@ -151,27 +151,25 @@ def _cmd_auto_place(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the ``rlinf`` argument parser (exposed for docs and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="rlinf",
-        description="RLinf command line: show versions, validate configs, search placements.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _config_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that reads a config: FILE or --config-path/--config-name, overrides."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
+    p.add_argument("--config-path", help="folder that holds the configs")
+    p.add_argument("--config-name", help="config name inside --config-path, without .yaml")
+    return p
 
-    def config_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        """A subcommand that reads a config: FILE or --config-path/--config-name, overrides."""
-        p = sub.add_parser(name, help=help, description=description)
-        p.add_argument("file", nargs="?", help="YAML file (or use --config-path/--config-name)")
-        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides")
-        p.add_argument("--config-path", help="folder that holds the configs")
-        p.add_argument("--config-name", help="config name inside --config-path, without .yaml")
-        return p
 
-    p_version = sub.add_parser("version", help="print the versions of the RLinf packages")
-    p_version.set_defaults(func=_cmd_version)
-
-    p_check = config_parser(
+def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``check-config`` subcommand."""
+    p_check = _config_parser(
+        sub,
         "check-config",
         help="compose and validate a config (Hydra-style defaults and overrides)",
         description=(
@@ -188,7 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--print", action="store_true", help="print the validated config as YAML")
     p_check.set_defaults(func=_cmd_check_config)
 
-    p_auto = config_parser(
+
+def _add_auto_place(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``auto-place`` subcommand."""
+    p_auto = _config_parser(
+        sub,
         "auto-place",
         help="profile the components and print the fastest cluster.component_placement",
         description=(
@@ -232,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="resource ranks (GPUs or CPU slots) to place on (default: the config's cluster)",
     )
     p_auto.set_defaults(func=_cmd_auto_place)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the ``rlinf`` argument parser (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="rlinf",
+        description="RLinf command line: show versions, validate configs, search placements.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_version = sub.add_parser("version", help="print the versions of the RLinf packages")
+    p_version.set_defaults(func=_cmd_version)
+    _add_check_config(sub)
+    _add_auto_place(sub)
     return parser
 
 
