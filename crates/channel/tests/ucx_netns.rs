@@ -5,7 +5,9 @@
 //! and this process checks them.
 //!
 //! Needs root and `ip` (iproute2): otherwise the test returns early and says
-//! why. The namespaces and the link are removed at the end, also on failure.
+//! why, except under CI (`CI` set and not `false`/`0`, as CI runners set it),
+//! where it must run and so fails with the reason instead. The namespaces and
+//! the link are removed at the end, also on failure.
 #![cfg(rlinf_ucx)]
 
 use std::process::{Child, Command, Stdio};
@@ -87,6 +89,21 @@ impl Drop for Netns {
     }
 }
 
+/// Whether this run is CI's (`CI` set to anything but empty, `false` or `0`).
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "False"))
+}
+
+/// Skips the test with `reason` on a developer machine; under CI, where the
+/// test must run, fails with it.
+fn cannot_run(reason: &str) {
+    assert!(
+        !in_ci(),
+        "the UCX network-namespace test cannot run under CI: {reason}"
+    );
+    eprintln!("skipped: {reason}");
+}
+
 /// Entry point of child processes; a no-op in a normal test run.
 #[test]
 fn child_entry() {
@@ -133,11 +150,11 @@ fn producer_in_another_network_namespace_puts_over_ucx_tcp() {
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: creating network namespaces needs root");
+        cannot_run("creating network namespaces needs root");
         return;
     }
     let Some(net) = Netns::new() else {
-        eprintln!("skipped: `ip netns`/veth set-up failed (no iproute2 or no CONFIG_NET_NS)");
+        cannot_run("`ip netns`/veth set-up failed (no iproute2 or no CONFIG_NET_NS)");
         return;
     };
     let ns = format!("ucxns{}", std::process::id());
