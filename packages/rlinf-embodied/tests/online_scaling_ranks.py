@@ -7,8 +7,10 @@ Both processes build two :class:`EmbodiedFSDPActor` s over the same two ranks
 Each step, rank ``r`` gives both the same CartPole-shaped trajectory piece (its
 half of the envs, actions sampled by the initial policy); the scaling actor
 grows to two ranks first (``scale_up``) and shrinks back after
-(``scale_down``). Rank 0 writes the full weights and AdamW state of both
-(grown and after shrinking) to ``OUT_DIR/step{k}.pt``.
+(``scale_down``). Before every ``scale_up`` both ranks scramble the grown copy
+(its parameters and AdamW state: moments and step), which the scale-up must
+overwrite with the base rank's state. Rank 0 writes the full weights and AdamW
+state of both (grown and after shrinking) to ``OUT_DIR/step{k}.pt``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def _config() -> Any:
         ],
     )
     data["cluster"]["component_placement"] = {"actor": 0, "env": 1, "rollout": 1}
+    data["rollout"]["in_env_process"] = False  # online scaling grows onto the rollout's slot
     return validate_config(data, EmbodiedConfig)
 
 
@@ -110,6 +113,43 @@ def _full_state(actor: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def _scramble(parts: Any, seed: int) -> None:
+    """Overwrites ``parts``' parameter shards and AdamW state on this rank with noise."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def noise_like(tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(tensor)
+        local = out.to_local() if hasattr(out, "to_local") else out
+        local.copy_(torch.randn(local.shape, generator=gen, dtype=local.dtype))
+        return out
+
+    with torch.no_grad():
+        for p in parts.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.copy_(torch.randn(local.shape, generator=gen, dtype=local.dtype))
+            parts.optimizer.state[p] = {
+                "step": torch.tensor(7.0),
+                "exp_avg": noise_like(p),
+                "exp_avg_sq": noise_like(p).abs(),
+            }
+
+
+def _scramble_grown_copies(actor: Any, rank: int) -> None:
+    """Scrambles the grown copy now and right after it is built at the first scale_up."""
+    if actor._grown_parts is not None:
+        _scramble(actor._grown_parts, seed=1000 + rank)
+        return
+    build, base_mesh = actor._build_parts, actor._meshes.base_mesh
+
+    def build_scrambled(mesh: Any) -> Any:
+        parts = build(mesh)
+        if mesh is not base_mesh:
+            _scramble(parts, seed=1000 + rank)
+        return parts
+
+    actor._build_parts = build_scrambled
+
+
 def main() -> None:
     rank, port, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     os.environ.update(
@@ -138,6 +178,7 @@ def main() -> None:
         static.compute_advantages_and_returns()
         static_metrics = static.run_training()
         scaled.batch = RolloutBatch(trajectory=piece)  # as recv_rollout_batch, before growing
+        _scramble_grown_copies(scaled, rank)
         up = scaled.scale_up()
         scaled.compute_advantages_and_returns()
         scaled_metrics = scaled.run_training()

@@ -63,6 +63,7 @@ def make_config(
         [f"runner.logger.log_path={tmp_path}", f"runner.logger.experiment_name={name}", *overrides],
     )
     data["cluster"]["component_placement"] = DISAGG
+    data["rollout"]["in_env_process"] = False  # a rollout group on slot 1
     return validate_config(data, EmbodiedConfig)
 
 

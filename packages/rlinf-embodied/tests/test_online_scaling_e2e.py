@@ -80,6 +80,7 @@ def make_config(tmp_path: Path, name: str, overrides: Sequence[str] = ()) -> Emb
         ],
     )
     data["cluster"]["component_placement"] = PLACEMENT
+    data["rollout"]["in_env_process"] = False  # online scaling grows onto the rollout's slot
     return validate_config(data, EmbodiedConfig)
 
 
