@@ -71,12 +71,7 @@ def wait_all(
         ValueError: The same future is passed twice.
     """
     futures = list(futures)
-    where: dict[Any, tuple[int, int]] = {}  # ObjectRef -> (future, index of the rank)
-    for f, fut in enumerate(futures):
-        for i, ref in enumerate(fut.refs):
-            if ref in where:
-                raise ValueError(f"{fut.group}.{fut.method}() is passed to wait_all twice")
-            where[ref] = (f, i)
+    where = _rank_of_each_ref(futures)
     results: list[list[Any]] = [[None] * len(fut.refs) for fut in futures]
     pending = list(where)
     start = time.monotonic()
@@ -89,18 +84,14 @@ def wait_all(
             # One completion at a time, so a failed or dead rank surfaces at once
             # instead of after the slowest one.
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            for ref in ready:
-                f, i = where[ref]
-                results[f][i] = futures[f].result(i)
+            _collect(ready, where, futures, results)
             now = time.monotonic()
             if ready or not pending:
                 continue
             if deadline is not None and now >= deadline:
                 # Everything that has finished counts (an error beats a timeout).
                 ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                for ref in ready:
-                    f, i = where[ref]
-                    results[f][i] = futures[f].result(i)
+                _collect(ready, where, futures, results)
                 if pending:
                     raise TimeoutError(
                         f"{_describe(futures, where, pending)} after {timeout:g} s; {hint}"
@@ -110,13 +101,41 @@ def wait_all(
                 next_report = now + progress_every
     except BaseException:
         if on_error is not None:
-            try:
-                on_error()
-            except Exception as exc:  # the original failure is the one to report
-                _log.warning("wait_all: on_error raised %r (ignored)", exc)
-            _discard(pending, DISCARD_TIMEOUT_S)
+            _run_on_error(on_error, pending)
         raise
     return results
+
+
+def _rank_of_each_ref(futures: list[GroupFuture]) -> dict[Any, tuple[int, int]]:
+    """Maps each rank's ``ObjectRef`` to (index of its future, index of the rank)."""
+    where: dict[Any, tuple[int, int]] = {}
+    for f, fut in enumerate(futures):
+        for i, ref in enumerate(fut.refs):
+            if ref in where:
+                raise ValueError(f"{fut.group}.{fut.method}() is passed to wait_all twice")
+            where[ref] = (f, i)
+    return where
+
+
+def _collect(
+    ready: list[Any],
+    where: dict[Any, tuple[int, int]],
+    futures: list[GroupFuture],
+    results: list[list[Any]],
+) -> None:
+    """Stores the results of the ranks in ``ready`` (raises a failed rank's error)."""
+    for ref in ready:
+        f, i = where[ref]
+        results[f][i] = futures[f].result(i)
+
+
+def _run_on_error(on_error: Callable[[], object], pending: list[Any]) -> None:
+    """Runs ``on_error`` (its own error is logged, not raised), then drops ``pending``."""
+    try:
+        on_error()
+    except Exception as exc:  # the original failure is the one to report
+        _log.warning("wait_all: on_error raised %r (ignored)", exc)
+    _discard(pending, DISCARD_TIMEOUT_S)
 
 
 def wait_for_progress(futures: Sequence[GroupFuture], timeout: float) -> None:
