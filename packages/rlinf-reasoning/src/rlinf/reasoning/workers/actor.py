@@ -5,7 +5,9 @@ Each decoder layer and the root module are ``fully_shard``-ed over all actor
 ranks; the optimizer is AdamW over the sharded parameters.
 
 A training step (:meth:`FSDPActor.run_training`) consumes this rank's share of
-the step's prompt groups from a channel, *as they arrive*:
+the step's prompt groups from a channel, *as they arrive*, through a
+:class:`~rlinf.reasoning.workers.step_feed.StepFeed` (arrival, old and
+proximal logprobs):
 
 * on arrival a group gets its advantages (group-relative, so no barrier is
   needed);
@@ -69,6 +71,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,8 +120,9 @@ from rlinf.reasoning.models import (
     load_causal_lm,
     resolve_dtype,
 )
-from rlinf.reasoning.workers.batch import PackedBatch, Sample, group_key, pack_samples, pad_rows
+from rlinf.reasoning.workers.batch import PackedBatch, Sample, pack_samples, pad_rows
 from rlinf.reasoning.workers.common import setup_torch_threads
+from rlinf.reasoning.workers.step_feed import StepFeed
 from rlinf.sched import Worker
 
 if TYPE_CHECKING:
@@ -699,184 +703,101 @@ class FSDPActor(Worker):
                 than the actor's.
         """
         self._require_state("run_training")
-        cfg, alg = self.cfg, self.cfg.algorithm
-        share = alg.rollout_batch_size // self.dp_size
-        per_mb_groups = share // alg.n_minibatches
-        g = alg.group_size
-        micro = cfg.actor.micro_batch_size
-        timeout = cfg.runner.channel_timeout_s
-        stream = not (alg.normalize_advantages or alg.is_reinpp)
-        recompute = cfg.actor.recompute_logprobs
-        shuffle = alg.shuffle_rollout
-        samples: list[Sample] = []
-        results: list[RolloutResult] = []
-        call_start = time.perf_counter()
-        busy = {"train": 0.0, "recompute": 0.0, "wait": 0.0, "prepare": 0.0, "total": 0.0}
-        busy["wait_proximal"] = 0.0
-        from_rollout_count = 0  # old logprobs taken from the rollout's proximal scores
-        dropped: list[int] = []  # dataset indices of the groups dropped as too stale
-        train_start = float("nan")  # time.time() when the first micro-batch started
-        lp_done = 0  # samples[:lp_done] have their old (and ref) logprobs
-        # Positions in ``samples`` whose old logprobs come from the first
-        # minibatch's training forward (epoch 0, starting weights), not a no-grad pass.
-        first_mb = per_mb_groups * g
-        fused: set[int] = set()
-        if self._fuses_first_minibatch():
-            fused = set(
-                self._epoch_perm(step, 0, share * g)[:first_mb] if shuffle else range(first_mb)
-            )
-
-        def pull(groups: int) -> None:
-            # Arrival: rollout logprobs and advantages (group-relative, no forward pass).
-            while len(results) < groups:
-                t0 = time.perf_counter()
-                item = self._receive_group(channel, timeout)
-                t1 = time.perf_counter()
-                busy["wait"] += t1 - t0
-                if item.rewards is None:
-                    raise RuntimeError(
-                        f"the group of prompt {item.index} reached the actor without rewards"
-                    )
-                if self._too_stale(item, step, requeue, timeout):
-                    dropped.append(item.index)
-                    continue
-                results.append(item)
-                fresh = self._samples(item)
-                if stream:
-                    self._advantages(fresh, g)
-                samples.extend(fresh)
-                busy["prepare"] += time.perf_counter() - t1
-
-        scored: dict[tuple[int, int], list[torch.Tensor]] | None = None  # by group_key
-
-        def from_rollout(position: int) -> torch.Tensor | None:
-            # The rollout's proximal logprobs of a previous-version sample, if it sent them.
-            nonlocal scored
-            result = results[position // g]
-            if proximal is None or result.version != step - 1:
-                return None
-            if scored is None:
-                t0 = time.perf_counter()
-                scored = self._proximal_scores(proximal, step, timeout)
-                busy["wait_proximal"] += time.perf_counter() - t0
-            group = scored.get(group_key(result))
-            return None if group is None else group[position % g]
-
-        def logprobs_upto(n: int) -> None:
-            # Old/ref logprobs with the step's starting weights, in fixed chunks, so
-            # every rank runs the same forward passes (FSDP collectives) in the same order.
-            nonlocal lp_done, from_rollout_count
-            if n <= lp_done or not (recompute or self.ref_model is not None):
-                lp_done = max(lp_done, n)
-                return
-            t0 = time.perf_counter()
-            positions = [i for i in range(lp_done, n) if i not in fused]
-            todo = [samples[i] for i in positions]
-            if recompute:
-                local = []
-                for i, s in zip(positions, todo, strict=True):
-                    lp = from_rollout(i)
-                    if lp is None:
-                        local.append(s)
-                    else:
-                        s.old_logprobs = lp
-                        from_rollout_count += 1
-                for s, lp in zip(local, self._no_grad_logprobs(self.model, local), strict=True):
-                    s.old_logprobs = lp
-            if self.ref_model is not None:
-                for s, lp in zip(todo, self._no_grad_logprobs(self.ref_model, todo), strict=True):
-                    s.ref_logprobs = lp
-            lp_done = n
-            busy["recompute"] += time.perf_counter() - t0
-
-        train_means = MetricMeans()  # means over minibatches, read once at the end of the step
-        skipped = 0  # optimizer steps skipped for a non-finite gradient norm
+        alg = self.cfg.algorithm
+        feed = StepFeed(self, channel, step, requeue, proximal)
+        tally = _TrainTally()
         phase = contextlib.ExitStack()
         try:
-            if self.collocated:
-                # The rollout holds the devices until it has generated everything.
-                pull(share)
+            # --- arrival: the groups (and old logprobs) needed before the first micro-batch
+            if self.collocated:  # the rollout holds the devices until it has generated all
+                feed.pull(feed.share)
             # Lock and onload; the weights stay on the device for the next weight sync.
+            timeout = self.cfg.runner.step_timeout_s
             phase.enter_context(
-                self.device_phase(
-                    lock=self.collocated, offload=False, timeout=cfg.runner.step_timeout_s
-                )
+                self.device_phase(lock=self.collocated, offload=False, timeout=timeout)
             )
-            if not stream or shuffle:
-                pull(share)
-            if not stream:
-                if self.ref_model is not None:
-                    logprobs_upto(len(samples))  # REINFORCE++ KL needs them first
-                self._advantages(samples, g)
-            order = samples
-            if shuffle and not fused:
-                logprobs_upto(len(samples))  # stored per sample, so any order is safe
+            feed.pull_what_cannot_stream()
             self.model.train()
             for epoch in range(alg.update_epochs):
-                if shuffle:  # a fresh seeded order each epoch
-                    perm = self._epoch_perm(step, epoch, len(samples))
-                    order = [samples[i] for i in perm]
+                order = feed.epoch_order(epoch)
                 for mb in range(alg.n_minibatches):
-                    first = mb * per_mb_groups * g
-                    n_micro = per_mb_groups * g // micro
-                    minibatch_tokens = 0.0
-                    if alg.use_valid_token_scale:  # needs the whole minibatch's lengths
-                        last = first + per_mb_groups * g
-                        pull(-(-last // g))
-                        local = sum(s.response_length for s in order[first:last])
-                        minibatch_tokens = (
-                            float(self._all_reduce_mean(torch.tensor([float(local)])).item())
-                            * self.dp_size
-                        )
-                    for k in range(n_micro):
-                        lo, hi = first + k * micro, first + (k + 1) * micro
-                        pull(-(-hi // g))
-                        if not shuffle:  # shuffled: all computed up front or after mb 0
-                            logprobs_upto(hi)
-                        if math.isnan(train_start):
-                            train_start = time.time()
-                        t0 = time.perf_counter()
-                        scale = 1.0
-                        if minibatch_tokens > 0:
-                            # token-mean over the micro-batch -> over the whole minibatch
-                            # (all ranks): * tokens here * micro-batches * ranks / total
-                            tokens = sum(s.response_length for s in order[lo:hi])
-                            scale = tokens * n_micro * self.dp_size / minibatch_tokens
-                        # reduce the gradients once per minibatch, after its last micro-batch
-                        self._set_gradient_sync(k == n_micro - 1)
-                        m = self._micro_step(
-                            order[lo:hi], n_micro, scale, set_old=bool(fused) and epoch == mb == 0
-                        )
-                        busy["train"] += time.perf_counter() - t0
-                        # weight 1/n_micro: each minibatch counts once, like its optimizer step
-                        train_means.add(m, weight=1.0 / n_micro)
-                    if epoch == 0 and mb == 0 and (recompute or self.ref_model is not None):
-                        # Old/ref logprobs must come from the step's starting weights:
-                        # compute them for every remaining group before the first update.
-                        pull(share)
-                        logprobs_upto(len(samples))
+                    # --- gradient accumulation over the minibatch's micro-batches
+                    self._train_minibatch(feed, order, epoch, mb, tally)
+                    # --- old logprobs of every remaining group, before the first update
+                    if epoch == mb == 0:
+                        feed.before_first_update()
+                    # --- optimizer step
                     t0 = time.perf_counter()
                     step_metrics, stepped = self._optimizer_step()
-                    train_means.add(step_metrics)
-                    skipped += not stepped
-                    busy["train"] += time.perf_counter() - t0
+                    tally.means.add(step_metrics)
+                    tally.skipped += not stepped
+                    feed.busy["train"] += time.perf_counter() - t0
         finally:
             phase.close()
-        busy["total"] = time.perf_counter() - call_start
+        return self._step_report(feed, tally)
+
+    def _train_minibatch(
+        self, feed: StepFeed, order: list[Sample], epoch: int, mb: int, tally: _TrainTally
+    ) -> None:
+        """Forward and backward of minibatch ``mb`` of ``order`` (``feed.minibatch`` samples).
+
+        The gradients accumulate over its micro-batches and are reduced once,
+        after the last one; each micro-batch waits only for its own groups.
+        """
+        micro = self.cfg.actor.micro_batch_size
+        first, n_micro = mb * feed.minibatch, feed.minibatch // micro
+        minibatch_tokens = self._minibatch_tokens(feed, order, first)
+        set_old = feed.sets_old(epoch, mb)
+        for k in range(n_micro):
+            lo, hi = first + k * micro, first + (k + 1) * micro
+            feed.before_micro_batch(hi)
+            if math.isnan(tally.train_start):
+                tally.train_start = time.time()
+            t0 = time.perf_counter()
+            scale = 1.0
+            if minibatch_tokens > 0:
+                # token-mean over the micro-batch -> over the whole minibatch
+                # (all ranks): * tokens here * micro-batches * ranks / total
+                tokens = sum(s.response_length for s in order[lo:hi])
+                scale = tokens * n_micro * self.dp_size / minibatch_tokens
+            # reduce the gradients once per minibatch, after its last micro-batch
+            self._set_gradient_sync(k == n_micro - 1)
+            m = self._micro_step(order[lo:hi], n_micro, scale, set_old=set_old)
+            feed.busy["train"] += time.perf_counter() - t0
+            # weight 1/n_micro: each minibatch counts once, like its optimizer step
+            tally.means.add(m, weight=1.0 / n_micro)
+
+    def _minibatch_tokens(self, feed: StepFeed, order: list[Sample], first: int) -> float:
+        """Response tokens of the minibatch at ``first`` over all ranks (0: no token scale).
+
+        With ``algorithm.use_valid_token_scale`` it waits for the minibatch's groups.
+        """
+        if not self.cfg.algorithm.use_valid_token_scale:
+            return 0.0
+        last = first + feed.minibatch
+        feed.pull(-(-last // feed.group_size))
+        local = sum(s.response_length for s in order[first:last])
+        return float(self._all_reduce_mean(torch.tensor([float(local)])).item()) * self.dp_size
+
+    def _step_report(self, feed: StepFeed, tally: _TrainTally) -> dict[str, Any]:
+        """What :meth:`run_training` returns; records the step's training times."""
+        step = feed.step
+        feed.busy["total"] = time.perf_counter() - feed.started
         self._stage_times.append(
-            {"step": float(step), "train_start": train_start, "train_end": time.time()}
+            {"step": float(step), "train_start": tally.train_start, "train_end": time.time()}
         )
+        samples, results, dropped = feed.samples, feed.results, feed.dropped
         if not self._reports_data:  # a model-parallel peer: its replica's first rank reports
             samples, results, dropped = [], [], []
         return {
             # skipped_steps: a count (every rank saw the same global norm), not a mean
             "train": {
-                **train_means.means(),
-                "actor/skipped_steps": float(skipped),
-                "actor/proximal_from_rollout": from_rollout_count / max(1, len(samples)),
+                **tally.means.means(),
+                "actor/skipped_steps": float(tally.skipped),
+                "actor/proximal_from_rollout": feed.from_rollout / max(1, len(samples)),
             },
             "rollout": self._rollout_stats(samples, results),
-            "time": busy,
+            "time": feed.busy,
             "versions": sorted({r.version for r in results}),
             "indices": [r.index for r in results],
             "staleness": [step - r.version for r in results],
@@ -1167,6 +1088,15 @@ class FSDPActor(Worker):
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         super().teardown()
+
+
+@dataclass
+class _TrainTally:
+    """The training side of one :meth:`FSDPActor.run_training` call."""
+
+    means: MetricMeans = field(default_factory=MetricMeans)  # over minibatches
+    skipped: int = 0  # optimizer steps skipped for a non-finite gradient norm
+    train_start: float = math.nan  # time.time() when the first micro-batch started
 
 
 def _has_dropout(model: nn.Module) -> bool:
