@@ -143,6 +143,43 @@ class GroupFuture:
         return gather().__await__()
 
 
+def _default_placement(num_accelerators: int) -> Any:
+    """One rank per accelerator, or one rank on node 0 of a CPU cluster."""
+    if num_accelerators:
+        return PackedPlacementStrategy(0, num_accelerators - 1)
+    return NodePlacementStrategy([0])
+
+
+def _rank_env(
+    name: str,
+    p: Placement,
+    world_size: int,
+    group_nodes: list[int],
+    master_ip: str,
+    master_port: int,
+    node: NodeInfo,
+) -> dict[str, str]:
+    """The environment a rank starts with: its rank, world, rendezvous and devices."""
+    env = {
+        "GROUP_NAME": name,
+        "RANK": str(p.rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(p.local_rank),
+        "LOCAL_WORLD_SIZE": str(p.local_world_size),
+        "NODE_RANK": str(group_nodes.index(p.node_rank)),
+        "CLUSTER_NODE_RANK": str(p.node_rank),
+        "MASTER_ADDR": master_ip,
+        "MASTER_PORT": str(master_port),
+        NAMESPACE_ENV: default_namespace(),
+        DEVICES_ENV: f"{p.resource_kind}:{','.join(map(str, p.resource_ranks))}",
+        **node.env_vars,
+    }
+    if p.local_accelerator_ids:
+        env["CUDA_VISIBLE_DEVICES"] = p.visible_devices
+        env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+    return env
+
+
 class WorkerGroup:
     """Ranks of one worker class; calling a worker method runs it on every rank.
 
@@ -198,11 +235,7 @@ class WorkerGroup:
             raise RuntimeError(f"group {self._name!r} is already launched")
         info = cluster.info
         if placement_strategy is None:
-            placement_strategy = (
-                PackedPlacementStrategy(0, info.num_accelerators - 1)
-                if info.num_accelerators
-                else NodePlacementStrategy([0])
-            )
+            placement_strategy = _default_placement(info.num_accelerators)
         placements = placement_strategy.get_placement(info)
         if not placements:
             raise ValueError(f"placement strategy {placement_strategy!r} gave no placements")
@@ -221,38 +254,8 @@ class WorkerGroup:
         actors = []
         for p in placements:
             node = info.nodes[p.node_rank]
-            env = {
-                "GROUP_NAME": name,
-                "RANK": str(p.rank),
-                "WORLD_SIZE": str(len(placements)),
-                "LOCAL_RANK": str(p.local_rank),
-                "LOCAL_WORLD_SIZE": str(p.local_world_size),
-                "NODE_RANK": str(group_nodes.index(p.node_rank)),
-                "CLUSTER_NODE_RANK": str(p.node_rank),
-                "MASTER_ADDR": master.ip,
-                "MASTER_PORT": str(master_port),
-                NAMESPACE_ENV: default_namespace(),
-                DEVICES_ENV: f"{p.resource_kind}:{','.join(map(str, p.resource_ranks))}",
-                **node.env_vars,
-            }
-            if p.local_accelerator_ids:
-                env["CUDA_VISIBLE_DEVICES"] = p.visible_devices
-                env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
-            runtime_env: dict[str, Any] = {"env_vars": env}
-            if node.python_interpreter_path:
-                runtime_env["py_executable"] = node.python_interpreter_path
-            options: dict[str, Any] = {
-                "name": f"{name}:{p.rank}",
-                "namespace": RAY_NAMESPACE,
-                "num_cpus": num_cpus,
-                "num_gpus": 0,
-                "runtime_env": runtime_env,
-                "max_concurrency": self._cls.max_concurrent_calls,
-            }
-            if node.ray_node_id:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    node.ray_node_id, soft=False
-                )
+            env = _rank_env(name, p, len(placements), group_nodes, master.ip, master_port, node)
+            options = self._actor_options(f"{name}:{p.rank}", node, env, num_cpus)
             actor_cls = ray.remote(self._cls)
             actors.append(actor_cls.options(**options).remote(*self._args, **self._kwargs))
         self._actors, self._placements, self._name = actors, placements, name
@@ -265,6 +268,27 @@ class WorkerGroup:
         n = len(actors)
         _log.info("%s: %d/%d ready in %.1f s", name, n, n, time.monotonic() - started)
         return self
+
+    def _actor_options(
+        self, actor_name: str, node: NodeInfo, env: dict[str, str], num_cpus: float
+    ) -> dict[str, Any]:
+        """Ray options of one rank's actor: its name, environment and node pin."""
+        runtime_env: dict[str, Any] = {"env_vars": env}
+        if node.python_interpreter_path:
+            runtime_env["py_executable"] = node.python_interpreter_path
+        options: dict[str, Any] = {
+            "name": actor_name,
+            "namespace": RAY_NAMESPACE,
+            "num_cpus": num_cpus,
+            "num_gpus": 0,
+            "runtime_env": runtime_env,
+            "max_concurrency": self._cls.max_concurrent_calls,
+        }
+        if node.ray_node_id:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                node.ray_node_id, soft=False
+            )
+        return options
 
     def _wait_ready(self, timeout: float, started: float) -> None:
         """Waits until every rank's constructor ran; says so now and then while it takes long."""
