@@ -338,26 +338,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
                 break
             live = ~self._done
             stepping = live & ~self._frozen if np.count_nonzero(self._frozen) else live
-            stepped = np.count_nonzero(stepping)
-            term = np.zeros(n, dtype=bool)
-            trunc = np.zeros(n, dtype=bool)
-            if stepped:
-                res = self._step_envs(acts[:, c], stepping)
-                # Every env stepping (the common case): whole-array slices, no gathers.
-                idx: NDArray[Any] | slice = (
-                    slice(None) if stepped == n else np.flatnonzero(stepping)
-                )
-                r = np.asarray(res.rewards, dtype=np.float64)[idx] * self.reward_scale
-                rewards[idx, c] = r
-                self._return[idx] += r
-                self._write_obs(obs, owned, res.obs, idx)
-                if res.success is not None:
-                    self.defines_success = True
-                    success = np.asarray(res.success, dtype=bool)[idx]
-                    self._success_now[idx] = success
-                    self._success_once[idx] |= success
-                term[idx] = np.asarray(res.terminated, dtype=bool)[idx]
-                trunc[idx] = np.asarray(res.truncated, dtype=bool)[idx]
+            term, trunc = self._sub_step(acts[:, c], stepping, rewards[:, c], obs, owned)
             alive[:, c] = live  # (numpy's mask assignment is ~10x slower)
             self._elapsed += live  # (+1 where live, without a masked gather)
             if self.ignore_terminations:
@@ -367,19 +348,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             trunc = live & (trunc | (self._elapsed >= max_steps))
             ended = term | trunc
             if np.count_nonzero(ended):
-                self._done |= ended
-                self._final_term |= term
-                self._final_trunc |= trunc
-                for env in np.flatnonzero(ended):
-                    finished.append(
-                        (
-                            int(env),
-                            float(self._return[env]),
-                            int(self._elapsed[env]),
-                            bool(self._success_once[env]),
-                            bool(self._success_now[env]),
-                        )
-                    )
+                finished.extend(self._end_episodes(ended, term, trunc))
             if stepping[0]:
                 self._record_frame(obs)
 
@@ -392,17 +361,7 @@ class VectorEnv(abc.ABC, ClosesOnExit):
 
         final_obs: Obs | None = None
         if self.auto_reset and np.count_nonzero(self._done):
-            final_obs = dict(obs)  # never written: the reset rows go into copies
-            env_ids = np.flatnonzero(self._done)
-            self._episode_index[env_ids] += 1
-            new = self._checked_obs(self._reset_envs(env_ids, self._env_seeds(env_ids)))
-            rows = torch.from_numpy(env_ids)
-            for key, value in final_obs.items():
-                obs[key] = value.clone()
-                obs[key][rows] = new[key]
-            self._clear_episodes(env_ids)
-            if env_ids[0] == 0:  # env 0 starts a new episode (and a new video)
-                self._record_frame(obs)
+            final_obs = self._reset_done_envs(obs)
 
         self._vec_obs = obs
         self.last_alive_mask = torch.from_numpy(alive)
@@ -415,6 +374,84 @@ class VectorEnv(abc.ABC, ClosesOnExit):
             stage_id=self.stage_id,
         )
         return out, self._metrics(finished)
+
+    def _sub_step(
+        self,
+        actions: torch.Tensor,
+        stepping: NDArray[Any],
+        rewards: NDArray[Any],
+        obs: Obs,
+        owned: set[str],
+    ) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Steps the envs in ``stepping`` once and records what they return.
+
+        Writes their rewards into ``rewards`` (a column view of the chunk's
+        rewards), their observations into ``obs`` (copy on first write, see
+        :meth:`_write_obs`) and their success into the episode state.
+
+        Returns:
+            ``(terminated, truncated)`` as the envs report them: [n] bools,
+            false for the envs that did not step.
+        """
+        n = self.num_envs
+        term = np.zeros(n, dtype=bool)
+        trunc = np.zeros(n, dtype=bool)
+        stepped = np.count_nonzero(stepping)
+        if not stepped:
+            return term, trunc
+        res = self._step_envs(actions, stepping)
+        # Every env stepping (the common case): whole-array slices, no gathers.
+        idx: NDArray[Any] | slice = slice(None) if stepped == n else np.flatnonzero(stepping)
+        r = np.asarray(res.rewards, dtype=np.float64)[idx] * self.reward_scale
+        rewards[idx] = r
+        self._return[idx] += r
+        self._write_obs(obs, owned, res.obs, idx)
+        if res.success is not None:
+            self.defines_success = True
+            success = np.asarray(res.success, dtype=bool)[idx]
+            self._success_now[idx] = success
+            self._success_once[idx] |= success
+        term[idx] = np.asarray(res.terminated, dtype=bool)[idx]
+        trunc[idx] = np.asarray(res.truncated, dtype=bool)[idx]
+        return term, trunc
+
+    def _end_episodes(
+        self, ended: NDArray[Any], term: NDArray[Any], trunc: NDArray[Any]
+    ) -> list[tuple[int, float, int, bool, bool]]:
+        """Marks the ``ended`` envs done; returns a row for :meth:`_metrics` per episode."""
+        self._done |= ended
+        self._final_term |= term
+        self._final_trunc |= trunc
+        return [
+            (
+                int(env),
+                float(self._return[env]),
+                int(self._elapsed[env]),
+                bool(self._success_once[env]),
+                bool(self._success_now[env]),
+            )
+            for env in np.flatnonzero(ended)
+        ]
+
+    def _reset_done_envs(self, obs: Obs) -> Obs:
+        """Auto-reset: starts new episodes in the done envs, their rows of ``obs`` replaced.
+
+        Returns:
+            The observations before the reset (the done envs' final observations);
+            ``obs`` gets copies with the reset rows written in.
+        """
+        final_obs = dict(obs)  # never written: the reset rows go into copies
+        env_ids = np.flatnonzero(self._done)
+        self._episode_index[env_ids] += 1
+        new = self._checked_obs(self._reset_envs(env_ids, self._env_seeds(env_ids)))
+        rows = torch.from_numpy(env_ids)
+        for key, value in final_obs.items():
+            obs[key] = value.clone()
+            obs[key][rows] = new[key]
+        self._clear_episodes(env_ids)
+        if env_ids[0] == 0:  # env 0 starts a new episode (and a new video)
+            self._record_frame(obs)
+        return final_obs
 
     def running_metrics(self) -> dict[str, torch.Tensor]:
         """Metrics of every env's current (or held, finished) episode: [n] float32 each.
