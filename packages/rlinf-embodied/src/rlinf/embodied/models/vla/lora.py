@@ -3,9 +3,9 @@
 What: :func:`apply_lora` wraps a loaded ``TokenVLAModel``/``FlowVLAModel`` in a
 ``peft`` :class:`~peft.PeftModel`, either with fresh adapters (``actor.model.lora``
 without ``path``) or with a saved adapter loaded trainable (``lora.path``). PEFT
-freezes every non-adapter weight; the heads in :data:`TRAINABLE_HEADS` (the value
-head, and the flow VLA's noise head) are set trainable again, since they are
-small, task-specific and have no pretrained counterpart worth keeping frozen.
+freezes every non-adapter weight; the heads (the value head, and the flow VLA's
+noise head) are set trainable again, since they are small, task-specific and
+have no pretrained counterpart worth keeping frozen.
 
 Why this shape:
 
@@ -46,8 +46,6 @@ from rlinf.embodied.models.config import LoRAConfig
 __all__ = [
     "ADAPTER_DIR",
     "HEADS_FILE",
-    "LORA_INIT",
-    "TRAINABLE_HEADS",
     "apply_lora",
     "base_state_dict",
     "count_parameters",
@@ -63,10 +61,10 @@ ADAPTER_DIR = "adapter"
 HEADS_FILE = "trainable_heads.safetensors"
 """File in the adapter directory with the trainable non-adapter tensors (the heads)."""
 
-TRAINABLE_HEADS = ("value_head", "noise_head")
+_TRAINABLE_HEADS = ("value_head", "noise_head")
 """Submodules that stay trainable under LoRA when the model has them."""
 
-LORA_INIT: Literal["gaussian"] = "gaussian"
+_LORA_INIT: Literal["gaussian"] = "gaussian"
 """PEFT ``init_lora_weights`` of fresh adapters (``B = 0``, ``A ~ N(0, 1/r^2)``)."""
 
 _LORA_LEAF_TYPES = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d)
@@ -143,8 +141,8 @@ def _quiet_peft() -> Iterator[None]:
 
 
 def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``(name, module)`` of each of :data:`TRAINABLE_HEADS` that ``model`` has."""
-    for head in TRAINABLE_HEADS:
+    """``(name, module)`` of each trainable head (``value_head``, ``noise_head``) ``model`` has."""
+    for head in _TRAINABLE_HEADS:
         module = getattr(model, head, None)
         if isinstance(module, nn.Module):
             yield head, module
@@ -153,7 +151,8 @@ def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
     """Adds LoRA adapters to ``model`` in place and returns the PEFT wrapper.
 
-    Every weight except the adapters and :data:`TRAINABLE_HEADS` ends up frozen.
+    Every weight except the adapters and the heads (``value_head``, ``noise_head``)
+    ends up frozen.
     With ``cfg.path`` the saved adapter is loaded trainable, and so are the head
     tensors saved beside it (:data:`HEADS_FILE`), if any.
 
@@ -177,7 +176,7 @@ def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
             lora_alpha=cast(int, cfg.lora_alpha),
             lora_dropout=cfg.dropout,
             target_modules=targets,
-            init_lora_weights=LORA_INIT,
+            init_lora_weights=_LORA_INIT,
             bias="none",
         )
         with _quiet_peft():
@@ -208,7 +207,7 @@ def count_parameters(parameters: Iterable[nn.Parameter], *, trainable: bool = Tr
 
 
 def head_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The tensors of :data:`TRAINABLE_HEADS`, keyed relative to ``model`` (detached, contiguous).
+    """The tensors of the trainable heads, keyed relative to ``model`` (detached, contiguous).
 
     Args:
         model: The (adapted) model.

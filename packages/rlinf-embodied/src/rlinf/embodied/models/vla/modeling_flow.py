@@ -49,7 +49,6 @@ from rlinf.embodied.models.vla.flow_sampling import (
 )
 
 __all__ = [
-    "FLOW_SAMPLERS",
     "FlowPrefix",
     "FlowSample",
     "FlowVLAModel",
@@ -58,7 +57,7 @@ __all__ = [
     "score_chain",
 ]
 
-FLOW_SAMPLERS = ("ode", "sde", "noise")
+_FLOW_SAMPLERS = ("ode", "sde", "noise")
 
 
 @dataclass
@@ -245,9 +244,9 @@ class FlowVLAModel(PreTrainedModel):  # type: ignore[no-untyped-call]
 
 
 def _check_sampler(sampler: str) -> None:
-    if sampler not in FLOW_SAMPLERS:
+    if sampler not in _FLOW_SAMPLERS:
         raise ValueError(
-            f"flow sampler {sampler!r} is not one of {list(FLOW_SAMPLERS)}; set "
+            f"flow sampler {sampler!r} is not one of {list(_FLOW_SAMPLERS)}; set "
             "actor.model.flow_sampler to one of them"
         )
 
