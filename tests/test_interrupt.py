@@ -156,10 +156,10 @@ def test_ctrl_c_stops_the_embodied_example_cleanly(tmp_path: Path) -> None:
     ]
     checkpoint = logs / "ctrlc" / "checkpoints" / "global_step_2"
     text = interrupt_after_checkpoint(cmd, checkpoint, tmp_path)
-    # rollout.in_env_process: auto runs the policy in the env worker: no rollout group.
+    # rollout.in_env_process: true runs the policy in the env worker: no rollout group.
     assert_progress_lines(text, ["ActorGroup", "EnvGroup"], eval_ran=True)
     assert "launching RolloutGroup" not in text
-    assert "rollout.in_env_process=auto: the env workers run the policy" in text
+    assert "rollout.in_env_process=true: the env workers run the policy" in text
 
 
 @pytest.mark.slow  # ~25 s; the sync Ctrl-C test covers the shared path in the default tier

@@ -28,7 +28,7 @@ from rlinf.embodied.async_ppo_runner import AsyncPPORunner
 from rlinf.embodied.async_runner import AsyncEmbodiedRunner
 from rlinf.embodied.autoplace_profile import embodied_actor_strategy
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.runner import EmbodiedRunner, policy_in_env_process
+from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import (
     EmbodiedFSDPActor,
     EmbodiedSACActor,
@@ -88,10 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             "ActorGroup": (actor_cls.create_group(cfg, **actor_args), actor_strategy),
             "EnvGroup": (EnvWorker.create_group(cfg), placement.get_strategy("env")),
         }
-        if policy_in_env_process(cfg, placement):
+        if cfg.rollout.in_env_process:
             get_logger("rlinf.embodied").info(
-                "rollout.in_env_process=%s: the env workers run the policy (no rollout group)",
-                str(cfg.rollout.in_env_process).lower(),
+                "rollout.in_env_process=true: the env workers run the policy (no rollout group)"
             )
         else:
             to_launch["RolloutGroup"] = (

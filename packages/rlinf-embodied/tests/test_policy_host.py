@@ -57,89 +57,40 @@ def test_load_sync_takes_the_actors_weights_and_names_a_missing_one(cfg: Embodie
 
 
 def test_in_process_policy_answers_like_the_channels(cfg: EmbodiedConfig) -> None:
-    """put(obs) then get -> the action chunk, get -> the complete output (train mode)."""
+    """send_obs then recv_actions -> the action chunk, recv_output -> the full output."""
     host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
     obs = {"states": torch.randn(3, 4)}
     final = {"states": torch.randn(3, 4)}
     train = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
-    with pytest.raises(RuntimeError, match=r"stream '0\.1': get\(\) before put\(\)"):
-        train.get("0.1")
-    train.put((obs, final), "0.0")
-    train.put((obs, None), "0.1")
-    actions = train.get("0.0")
+    with pytest.raises(RuntimeError, match=r"stream '0\.1': nothing to receive"):
+        train.recv_actions("0.1")
+    train.send_obs("0.0", (obs, final))
+    train.send_obs("0.1", (obs, None))
+    actions = train.recv_actions("0.0")
     assert actions.shape == (3, 1, 1) and bool(((actions == 0) | (actions == 1)).all())
-    output = train.get("0.0")
+    output = train.recv_output("0.0")
     assert torch.equal(output.actions, actions) and output.version == -1
     assert output.prev_values.shape[0] == 3 and output.bootstrap_values is not None
     with torch.no_grad():
         want = host.policy.get_value(final)[:, :1]
     assert torch.equal(output.bootstrap_values, want)
-    train.get("0.1")
-    assert train.get("0.1").bootstrap_values is None
-    train.put(None, "0.1")  # a stream's end: nothing to answer
-    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
-        train.get("0.1")
+    torch.testing.assert_close(output.prev_values, host.policy.get_value(obs))
+    train.recv_actions("0.1")
+    assert train.recv_output("0.1").bootstrap_values is None
+    train.send_obs("0.1", None)  # a stream's end: nothing to answer
+    with pytest.raises(RuntimeError, match="nothing to receive"):
+        train.recv_output("0.1")
     assert host.take_infer_time() > 0 and host.take_infer_time() == 0
 
     # The same seed samples the same actions; eval answers with the action only.
     again = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
-    again.put((obs, final), "0.0")
-    assert torch.equal(again.get("0.0"), actions)
+    again.send_obs("0.0", (obs, final))
+    assert torch.equal(again.recv_actions("0.0"), actions)
     evaluate = InProcessPolicy(host, "eval", sampling_generator(cfg, 5, 0, "eval", host.device))
-    evaluate.put((obs, None), "0.0")
-    evaluate.get("0.0")
-    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
-        evaluate.get("0.0")
-
-
-def test_get_later_computes_the_same_output_when_called(cfg: EmbodiedConfig) -> None:
-    """get_later (the env worker's deferred bookkeeping) == get, computed on call, in order."""
-    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
-    observations = [{"states": torch.randn(2, 4)} for _ in range(3)]
-    outputs = {}
-    for name in ("now", "later"):
-        local = InProcessPolicy(host, "train", sampling_generator(cfg, 9, 0, "train", host.device))
-        kept = []
-        for obs in observations:
-            local.put((obs, None), "0.0")
-            local.get("0.0")  # the action chunk
-            kept.append(local.get_later("0.0") if name == "later" else local.get("0.0"))
-        host.take_infer_time()
-        outputs[name] = [item() for item in kept] if name == "later" else kept
-        if name == "later":
-            assert host.take_infer_time() > 0  # the policy's time counted when called
-    for now, later in zip(outputs["now"], outputs["later"], strict=True):
-        assert torch.equal(now.actions, later.actions)
-        assert torch.equal(now.prev_logprobs, later.prev_logprobs)
-        assert torch.equal(now.forward_inputs["action"], later.forward_inputs["action"])
-    local.put((observations[0], None), "0.1")
-    actions = local.get_later("0.1")()  # an action chunk comes back as it is
-    assert actions.shape == (2, 1, 1)
-
-
-def test_in_process_policy_can_leave_the_values_to_one_batch(cfg: EmbodiedConfig) -> None:
-    """defer_values: the complete output has no prev_values, and PolicyHost.values_of gives
-    what the value head gives per call; actions and logprobs are those of the default."""
-    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
-    obs = [{"states": torch.randn(3, 4)} for _ in range(2)]
-    outputs = {}
-    for defer in (False, True):
-        local = InProcessPolicy(
-            host, "train", sampling_generator(cfg, 5, 0, "train", host.device), defer_values=defer
-        )
-        outputs[defer] = []
-        for i, o in enumerate(obs):
-            local.put((o, None), str(i))
-            local.get(str(i))
-            outputs[defer].append(local.get(str(i)))
-    for full, deferred in zip(outputs[False], outputs[True], strict=True):
-        assert deferred.prev_values is None and full.prev_values is not None
-        assert torch.equal(full.actions, deferred.actions)
-        assert torch.equal(full.prev_logprobs, deferred.prev_logprobs)
-    host.take_infer_time()
-    batched = host.values_of({"states": torch.cat([o["states"] for o in obs])})
-    torch.testing.assert_close(batched, torch.cat([o.prev_values for o in outputs[False]]))
-    assert host.take_infer_time() > 0  # the batch counts as the policy's time
+    evaluate.send_obs("0.0", (obs, None))
+    evaluate.recv_actions("0.0")
+    with pytest.raises(RuntimeError, match="nothing to receive"):
+        evaluate.recv_output("0.0")
 
 
 def test_a_last_observation_gets_its_values_without_an_action(cfg: EmbodiedConfig) -> None:
@@ -150,17 +101,17 @@ def test_a_last_observation_gets_its_values_without_an_action(cfg: EmbodiedConfi
     generator = sampling_generator(cfg, 5, 0, "train", host.device)
     state = generator.get_state()
     local = InProcessPolicy(host, "train", generator)
-    local.put(LastObs((obs, final)), "0.0")
+    local.send_obs("0.0", LastObs((obs, final)))
     assert torch.equal(generator.get_state(), state)
-    values_only = local.get("0.0")
-    with pytest.raises(RuntimeError, match="get\\(\\) before put\\(\\)"):
-        local.get("0.0")  # no second message: the output was the only one
+    values_only = local.recv_output("0.0")
+    with pytest.raises(RuntimeError, match="nothing to receive"):
+        local.recv_output("0.0")  # no second message: the output was the only one
     assert values_only.actions.shape == (3, 0) and values_only.prev_logprobs is None
     assert values_only.version == host.version
     full = InProcessPolicy(host, "train", sampling_generator(cfg, 5, 0, "train", host.device))
-    full.put((obs, final), "0.0")
-    full.get("0.0")
-    complete = full.get("0.0")
+    full.send_obs("0.0", (obs, final))
+    full.recv_actions("0.0")
+    complete = full.recv_output("0.0")
     assert torch.equal(values_only.prev_values, complete.prev_values)
     assert torch.equal(values_only.bootstrap_values, complete.bootstrap_values)
 

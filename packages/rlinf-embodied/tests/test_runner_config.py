@@ -11,8 +11,6 @@ import pytest
 
 from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.runner import policy_in_env_process
-from rlinf.sched import ClusterInfo, HybridComponentPlacement
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_DIR = ROOT / "examples" / "embodiment" / "config"
@@ -103,9 +101,23 @@ def test_grpo_rules() -> None:
     assert path == "env.train.num_envs" and "group_size (8) = 16" in message
 
 
-def test_placement_must_place_the_three_components() -> None:
-    issues = errors_of(edit("cluster.component_placement", {"actor": "0-1", "env": 0}))
-    assert issues[0][0] == "cluster.component_placement" and "rollout" in issues[0][1]
+def test_placement_places_rollout_exactly_when_a_rollout_group_runs() -> None:
+    """The README job (``in_env_process: true``) places actor and env only; a rollout entry
+    there, or none with ``in_env_process: false``, is refused by name."""
+    assert validate_config(base(), EmbodiedConfig).rollout.in_env_process is True
+    assert "rollout" not in base()["cluster"]["component_placement"]
+    for placement in ({"actor": "0-1", "env": 0, "rollout": 1}, {"actor,env,rollout": "0-1"}):
+        issues = errors_of(edit("cluster.component_placement", placement))
+        message = next(m for _, m in issues if "rollout.in_env_process" in m)
+        assert "places rollout under" in message and "remove rollout" in message
+    separate = edit("rollout.in_env_process", False)
+    issues = errors_of(separate)
+    message = next(m for _, m in issues if "rollout.in_env_process" in m)
+    assert "places no rollout" in message
+    separate["cluster"]["component_placement"] = {"actor": "0-1", "env": 0, "rollout": 1}
+    assert validate_config(separate, EmbodiedConfig).rollout.in_env_process is False
+    issues = errors_of(edit("cluster.component_placement", {"actor": "0-1"}))
+    assert issues[0][0] == "cluster.component_placement" and "env" in issues[0][1]
     issues = errors_of(
         edit("cluster.component_placement", {"actor": 0, "env": 0, "rollout": 1, "critic": 1})
     )
@@ -134,37 +146,22 @@ def test_policy_in_the_env_process_needs_the_sync_runner(
 
 
 @pytest.mark.parametrize(
-    ("edits", "in_env"),
+    ("key", "value", "words"),
     [
-        ({}, True),
-        ({"runner.mode": "async"}, False),
-        ({"runner.online_scaling": True}, False),
-        ({"rollout.pipeline_stage_num": 2}, False),
+        ("adaptive_stages", True, ["rollout.adaptive_stages was removed", "as configured"]),
+        ("in_env_process", "auto", ["rollout.in_env_process=auto was removed", "true", "false"]),
+        ("in_env_process", "sometimes", []),
     ],
 )
-def test_auto_runs_the_policy_in_the_env_process_where_the_run_allows_it(
-    edits: dict[str, Any], in_env: bool
+def test_removed_rollout_settings_are_refused_by_name(
+    key: str, value: Any, words: list[str]
 ) -> None:
-    """``rollout.in_env_process: auto`` (the CartPole and ManiSkill MLP configs'): the sync
-    runner with one stage and no online scaling, on CPU slots; anything that needs a
-    rollout group gets one, and so do env ranks on accelerators."""
-    data = edit("rollout.in_env_process", "auto")
-    for path, value in edits.items():
-        section, key = path.split(".")
-        data[section][key] = value
-    if edits.get("runner.online_scaling"):
-        data["cluster"]["component_placement"] = {"actor": 0, "env": 0, "rollout": 1}
-    cfg = validate_config(data, EmbodiedConfig)
-    assert cfg.rollout.in_env_process == "auto"
-    assert cfg.runs_policy_in_env_process(env_on_accelerators=False) is in_env
-    assert cfg.runs_policy_in_env_process(env_on_accelerators=True) is False
-    assert cfg.allows_policy_in_env_process is in_env  # (what the runner's advice asks too)
-    for value in (True, False):  # an explicit setting is taken as it is, on any device
-        explicit = validate_config(edit("rollout.in_env_process", value), EmbodiedConfig)
-        for on_accelerators in (False, True):
-            assert explicit.runs_policy_in_env_process(on_accelerators) is value
-    issues = errors_of(edit("rollout.in_env_process", "sometimes"))
-    assert issues[0][0] == "rollout.in_env_process"
+    """``rollout.in_env_process`` is a plain bool and ``adaptive_stages`` is gone: a config
+    that still sets them gets an error naming the key."""
+    issues = errors_of(edit(f"rollout.{key}", value))
+    assert issues[0][0].startswith("rollout"), issues
+    for word in words:
+        assert word in issues[0][1], (word, issues)
 
 
 def test_world_size_rules_name_the_key() -> None:
@@ -249,36 +246,3 @@ def test_sac_world_sizes_need_one_actor_rank() -> None:
     cfg.check_world_sizes(actor=1, env=2, rollout=1)
     with pytest.raises(ConfigError, match="one resource rank"):
         cfg.check_world_sizes(actor=2, env=1, rollout=1)
-
-
-ON_A_NODE = {"actor": "0-1", "env": {"node_group": "node", "placement": "0"}, "rollout": 1}
-"""The env rank on a whole node (the built-in ``node`` group), whatever the node holds."""
-
-
-@pytest.mark.parametrize(
-    ("cluster", "placement", "in_env"),
-    [
-        (ClusterInfo.fake(1, cpu_slots_per_node=2), {"actor": "0-1", "env": 0, "rollout": 1}, True),
-        (ClusterInfo.fake(2), {"actor": "0-1", "env": 0, "rollout": 1}, True),  # CPU nodes
-        (ClusterInfo.fake(2), ON_A_NODE, True),
-        (
-            ClusterInfo.fake(1, accelerators_per_node=2),
-            {"actor": "0-1", "env": 0, "rollout": 1},
-            False,
-        ),
-        (ClusterInfo.fake(1, accelerators_per_node=2), ON_A_NODE, False),  # sees the node's GPUs
-    ],
-    ids=["cpu_slots", "cpu_nodes", "cpu_node_group", "gpus", "gpu_node_group"],
-)
-def test_launchers_read_the_env_ranks_devices_from_the_placement(
-    cluster: ClusterInfo, placement: dict[str, Any], in_env: bool
-) -> None:
-    """``policy_in_env_process(cfg, placement)``: ``auto`` runs the policy in the env
-    workers where no env rank holds a GPU, and launches a rollout group where one does
-    (also when the env rank takes a whole GPU node); explicit values are taken as they are."""
-    cfg = validate_config(edit("rollout.in_env_process", "auto"), EmbodiedConfig)
-    placed = HybridComponentPlacement(placement, cluster)
-    assert policy_in_env_process(cfg, placed) is in_env
-    for value in (True, False):
-        explicit = validate_config(edit("rollout.in_env_process", value), EmbodiedConfig)
-        assert policy_in_env_process(explicit, placed) is value

@@ -20,7 +20,9 @@ import gc
 import importlib.util
 import logging
 import math
+import random
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +41,6 @@ from rlinf.embodied.envs import available_envs, register_env
 from rlinf.embodied.envs import registry as env_registry
 from rlinf.embodied.envs.gym_env import GymVectorEnv
 from rlinf.embodied.models import registry as policy_registry
-from rlinf.embodied.pipelining import TRIAL_ROLLOUTS
 from rlinf.embodied.runner import EmbodiedRunner
 from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 from rlinf.sched import Cluster, HybridComponentPlacement, WorkerError, WorkerGroup
@@ -48,13 +49,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[3] / "examples" / "embodiment" / "
 HYBRID = {"actor": "0-1", "env": 0, "rollout": 1}
 MAIN_THREAD_PLUGIN = Path(__file__).with_name("main_thread_plugin.py")
 COLLOCATED = {"actor,env,rollout": "0-1"}
-LAST_MERGED_TRIAL_NEXT = {
-    "rollouts": 2 * TRIAL_ROLLOUTS,
-    "merged": None,
-    "pipelined_rate": 0.0,
-    "merged_rate": 0.0,
-}
-"""A stage trial's state whose next rollout is the last merged trial, which these rates make win."""
 
 
 def make_config(
@@ -70,8 +64,24 @@ def make_config(
         [f"runner.logger.log_path={tmp_path}", f"runner.logger.experiment_name={name}", *overrides],
     )
     if placement is not None:
-        data["cluster"]["component_placement"] = placement
+        # The launched groups include a rollout group; rollout.in_env_process: true runs
+        # without it, so its config places no rollout.
+        in_env = any(o.lower() == "rollout.in_env_process=true" for o in overrides)
+        data["rollout"]["in_env_process"] = in_env
+        data["cluster"]["component_placement"] = (
+            _without_rollout(placement) if in_env else placement
+        )
     return validate_config(data, EmbodiedConfig)
+
+
+def _without_rollout(placement: dict[str, Any]) -> dict[str, Any]:
+    """``placement`` with ``rollout`` removed from every key (and keys left empty dropped)."""
+    out = {}
+    for key, ranks in placement.items():
+        names = [n for n in key.split(",") if n.strip() != "rollout"]
+        if names:
+            out[",".join(names)] = ranks
+    return out
 
 
 SMALL = [
@@ -320,90 +330,46 @@ def test_same_config_trains_hybrid(
     ]
 
 
-def test_adaptive_stages_run_merged_trials_and_keep_a_choice(
-    collocated: list[WorkerGroup], tmp_path: Path
-) -> None:
-    """After the warm-up and the pipelined trials, the merged trials run each env rank's two
-    stages as one stream; the choice holds after them and the run trains on."""
-    actor, rollout, env = collocated
-    steps = 1 + 2 * TRIAL_ROLLOUTS + 1  # warm-up, the trials, one step with the choice
-    cfg = make_config(
-        tmp_path,
-        "adaptive",
-        [
-            *SMALL,
-            f"runner.max_epochs={steps}",
-            f"runner.val_check_interval={steps}",
-            "rollout.pipeline_stage_num=2",
-        ],
-        placement=COLLOCATED,
-    )
-    assert cfg.rollout.adaptive_stages  # the config's default
-    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
-        runner.init_workers()
-        metrics = runner.run()
-        chosen = runner.stage_chooser.merged
-    tb_dir = runner.tensorboard_dir
-    assert chosen is not None
-    merged = scalars(tb_dir, "rollout/stages_merged")
-    pipelined_trials, merged_trials = [0.0] * TRIAL_ROLLOUTS, [1.0] * TRIAL_ROLLOUTS
-    expected = [0.0, *pipelined_trials, *merged_trials, float(chosen)]
-    assert [merged[s] for s in range(1, steps + 1)] == expected
-    # Every rollout, merged or not, brings all 2 ranks * 8 envs * 32 sub-steps.
-    all_steps = range(1, steps + 1)
-    assert scalars(tb_dir, "rollout/env_steps") == {s: s * 2 * 8 * 32.0 for s in all_steps}
-    losses = scalars(tb_dir, "train/actor/policy_loss")
-    assert sorted(losses) == list(all_steps) and all(math.isfinite(v) for v in losses.values())
-    assert metrics["eval/num_episodes"] == 2 * 4
+class JitteryCartPole(GymVectorEnv):
+    """CartPole that sleeps a random 0-4 ms before each step (from the OS's entropy, so
+    no seeded generator moves): the run's timing changes, nothing else does."""
+
+    _jitter = random.SystemRandom()
+
+    def _step_envs(self, actions: torch.Tensor, active: Any) -> Any:
+        time.sleep(self._jitter.uniform(0.0, 0.004))
+        return super()._step_envs(actions, active)
 
 
-def test_a_merged_choice_makes_one_env_per_rank_and_resumes_the_same(
+if "jittery_cartpole" not in available_envs():
+    register_env("jittery_cartpole")(JitteryCartPole)
+
+
+def test_pipelined_samples_do_not_depend_on_timing(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:
-    """When the trial picks merged stages, each env rank rebuilds its two stages as one env
-    (one call per round); checkpoints keep that layout and a resumed run repeats the steps."""
+    """Two pipeline stages always run as two stages: a run whose env steps sleep a random
+    time logs exactly the samples, updates and eval of the same run without the delays."""
     actor, rollout, env = hybrid
     common = [
         *SMALL,
         "rollout.pipeline_stage_num=2",
-        "runner.max_epochs=4",
-        "runner.val_check_interval=-1",
+        "runner.max_epochs=3",
+        "runner.val_check_interval=3",
+        f"runner.plugin_modules=[{Path(__file__).resolve()}]",
     ]
-    first = make_config(tmp_path, "merged", [*common, "runner.save_interval=2"], placement=HYBRID)
-    with EmbodiedRunner(first, actor, rollout, env) as runner:
-        runner.init_workers()
-        # The merged trial comes next, against a pipelined rate it beats: merged wins.
-        runner.stage_chooser.load_state(LAST_MERGED_TRIAL_NEXT)
-        runner.run()
-        assert runner.stage_chooser.merged is True
-        straight_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
-    assert scalars(straight_dir, "rollout/stages_merged") == {s: 1.0 for s in (1, 2, 3, 4)}
-    # 1 env rank * 8 envs * 32 sub-steps per rollout, before and after the merge.
-    assert scalars(straight_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (1, 2, 3, 4)}
-    saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
-    assert saved["env_stages"] == [[0, 1]]  # one env holding both stages
-    second = make_config(tmp_path, "resumed", common, placement=HYBRID)
-    with EmbodiedRunner(second, actor, rollout, env) as runner:
-        runner.init_workers(resume_dir=ckpt_root / "global_step_2")
-        assert runner.global_step == 2 and runner.stage_chooser.merged is True
-        runner.run()
-        resumed_dir = runner.tensorboard_dir
-    keys = assert_same_step(straight_dir, resumed_dir, 4)
-    assert any(k.startswith("env/") for k in keys) and "train/actor/policy_loss" in keys
-    # A pipelined win after the merged trial splits the env into its two stages again.
-    short = [*SMALL, "rollout.pipeline_stage_num=2", "runner.max_epochs=2"]
-    short += ["runner.val_check_interval=-1", "runner.save_interval=2"]
-    split = make_config(tmp_path, "split", short, placement=HYBRID)
-    with EmbodiedRunner(split, actor, rollout, env) as runner:
-        runner.init_workers()
-        runner.stage_chooser.load_state({**LAST_MERGED_TRIAL_NEXT, "pipelined_rate": 1e12})
-        runner.run()
-        assert runner.stage_chooser.merged is False
-        split_dir, ckpt_root = runner.tensorboard_dir, runner.checkpoint_root
-    assert scalars(split_dir, "rollout/stages_merged") == {1: 1.0, 2: 0.0}
-    assert scalars(split_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (1, 2)}
-    saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
-    assert saved["env_stages"] == [[0], [1]]
+    runs = {}
+    for name, env_type in (("steady", "gym"), ("jittery", "jittery_cartpole")):
+        overrides = [*common, f"env.train.env_type={env_type}", f"env.eval.env_type={env_type}"]
+        cfg = make_config(tmp_path, name, overrides, placement=HYBRID)
+        with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+            runner.init_workers()
+            runner.run()
+            runs[name] = runner.tensorboard_dir
+    for step in (1, 2, 3):
+        keys = assert_same_step(runs["steady"], runs["jittery"], step)
+        assert {"train/actor/policy_loss", "env/return", "rollout/env_steps"} <= set(keys)
+    assert "eval/return" in all_scalars(runs["jittery"], 3)
 
 
 class UnpicklableCartPole(GymVectorEnv):
@@ -418,11 +384,11 @@ if "unpicklable_cartpole" not in available_envs():
     register_env("unpicklable_cartpole")(UnpicklableCartPole)
 
 
-def test_merged_stages_of_an_unpicklable_env_resume_merged(
+def test_pipelined_stages_of_an_unpicklable_env_resume(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:
-    """An env that cannot be pickled is saved as its layout and seed schedule only; the
-    resumed rank merges its stages again (one env) and goes on with full rollouts."""
+    """An env that cannot be pickled is saved as its seed schedule only; the resumed rank
+    rebuilds its two stages and goes on with full rollouts."""
     actor, rollout, env = hybrid
     common = [
         *SMALL,
@@ -436,21 +402,17 @@ def test_merged_stages_of_an_unpicklable_env_resume_merged(
     first = make_config(tmp_path, "unpicklable", [*common, "runner.max_epochs=2"], HYBRID)
     with EmbodiedRunner(first, actor, rollout, env) as runner:
         runner.init_workers()
-        runner.stage_chooser.load_state(LAST_MERGED_TRIAL_NEXT)
         runner.run()
         ckpt_root = runner.checkpoint_root
     saved = torch.load(ckpt_root / "global_step_2" / "env" / "rank_0.pt", weights_only=False)
-    assert saved["env_stages"] == [[0, 1]] and "envs" not in saved  # layout and seeds only
+    assert "envs" not in saved and len(saved["seed_epochs"]) == 2  # seeds only
     second = make_config(tmp_path, "unpicklable_resumed", [*common, "runner.max_epochs=4"], HYBRID)
     with EmbodiedRunner(second, actor, rollout, env) as runner:
         runner.init_workers(resume_dir=ckpt_root / "global_step_2")
-        assert runner.global_step == 2 and runner.stage_chooser.merged is True
+        assert runner.global_step == 2
         runner.run()
-        resumed_dir, resumed_root = runner.tensorboard_dir, runner.checkpoint_root
-    assert scalars(resumed_dir, "rollout/stages_merged") == {3: 1.0, 4: 1.0}
+        resumed_dir = runner.tensorboard_dir
     assert scalars(resumed_dir, "rollout/env_steps") == {s: s * 8 * 32.0 for s in (3, 4)}
-    saved = torch.load(resumed_root / "global_step_4" / "env" / "rank_0.pt", weights_only=False)
-    assert saved["env_stages"] == [[0, 1]]
 
 
 class InferenceModeCartPole(GymVectorEnv):
@@ -500,7 +462,7 @@ def test_env_and_rollout_workers_run_on_their_main_thread(
 ) -> None:
     """``max_concurrent_calls = 1`` on the env and rollout workers: their rollout and eval
     loops run on the process's main thread (where Ray's 10 ms signal checks do not take
-    the GIL from them; docs/embodied_hot_path.md, pass 7)."""
+    the GIL from them; benchmarks/notes/embodied_hot_path.md)."""
     # The plugin registers its env and policy at import: here into copies of the
     # registries (other tests list the registered policies), in the workers for good.
     monkeypatch.setattr(env_registry, "_REGISTRY", dict(env_registry._REGISTRY))
@@ -576,23 +538,6 @@ def test_init_workers_freezes_the_set_up_heap_of_every_process(
     gc.unfreeze()
 
 
-def test_merged_stages_evaluate_like_pipelined_ones(
-    hybrid: list[WorkerGroup], tmp_path: Path
-) -> None:
-    """Deterministic eval actions: merging the stages changes no episode."""
-    actor, rollout, env = hybrid
-    cfg = make_config(
-        tmp_path, "merged_eval", [*SMALL, "rollout.pipeline_stage_num=2"], placement=HYBRID
-    )
-    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
-        runner.init_workers()
-        pipelined = runner.evaluate()
-        runner.stage_chooser.load_state({"rollouts": 3, "merged": True, "pipelined_rate": 0.0})
-        merged = runner.evaluate()
-    assert pipelined["eval/num_episodes"] == 4
-    assert merged == pipelined
-
-
 def test_policy_in_the_env_process_runs_the_same_steps(
     hybrid: list[WorkerGroup], tmp_path: Path
 ) -> None:
@@ -601,7 +546,7 @@ def test_policy_in_the_env_process_runs_the_same_steps(
     stages pipelined) give exactly the metrics of the run with the rollout group."""
     actor, rollout, env = hybrid
     common = [*SMALL, "runner.max_epochs=2", "runner.val_check_interval=2"]
-    common += ["rollout.pipeline_stage_num=2", "rollout.adaptive_stages=false"]  # pipelined
+    common += ["rollout.pipeline_stage_num=2"]
     runs = {}
     for name, in_env in (("separate", False), ("in_env", True)):
         cfg = make_config(
@@ -630,23 +575,8 @@ def test_runner_refuses_a_rollout_group_that_does_not_fit_in_env_process(
     with pytest.raises(ValueError, match=r"rollout group \(hybrid-rollout\) was given"):
         EmbodiedRunner(in_env, actor, rollout, env)
     separate = make_config(tmp_path, "refuse2", ["rollout.in_env_process=false"], placement=HYBRID)
-    with pytest.raises(ValueError, match=r"in_env_process=false does not allow here \(the key"):
+    with pytest.raises(ValueError, match=r"but rollout.in_env_process=false; launch"):
         EmbodiedRunner(separate, actor, None, env)
-    # auto takes a rollout group, or None where the run allows the policy in the env workers.
-    auto = make_config(tmp_path, "auto", ["rollout.in_env_process=auto"], placement=HYBRID)
-    assert auto.runs_policy_in_env_process(env_on_accelerators=False)
-    for group in (rollout, None):
-        with EmbodiedRunner(auto, actor, group, env) as runner:
-            assert runner.policy_group is (group or env)
-    staged = make_config(
-        tmp_path,
-        "auto2",
-        ["rollout.in_env_process=auto", "rollout.pipeline_stage_num=2"],
-        placement=HYBRID,
-    )
-    assert not staged.runs_policy_in_env_process(env_on_accelerators=False)
-    with pytest.raises(ValueError, match=r"rollout.pipeline_stage_num 1 \(got 2\)"):
-        EmbodiedRunner(staged, actor, None, env)
     with (
         EmbodiedRunner(in_env, actor, None, env) as runner,
         pytest.raises(RuntimeError, match="has no rollout group"),
@@ -678,6 +608,7 @@ def test_at_learning_rate_zero_every_ratio_is_one(
     assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-6, metrics["train/actor/ratio"]
     assert metrics["train/actor/clip_fraction"] == 0.0
     assert abs(metrics["train/actor/approx_kl"]) < 1e-7
+    assert metrics["train/actor/logprob_diff_max"] <= 1e-6, metrics["train/actor/logprob_diff_max"]
 
 
 def test_lang_reach_instructions_travel_through_the_runner(
@@ -790,6 +721,8 @@ def test_vla_grpo_at_learning_rate_zero_has_ratio_one(
     assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-5, metrics["train/actor/ratio"]
     assert metrics["train/actor/clip_fraction"] == 0.0
     assert abs(metrics["train/actor/approx_kl"]) < 1e-6
+    # Means can cancel; every sample's |old - new| log-prob must be float noise.
+    assert metrics["train/actor/logprob_diff_max"] <= 1e-5, metrics["train/actor/logprob_diff_max"]
 
 
 @needs_transformers

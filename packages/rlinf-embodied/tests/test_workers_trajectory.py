@@ -82,41 +82,17 @@ def test_builder_pads_a_stream_that_ended_early() -> None:
     assert traj.dones[:, 0, 0].tolist() == [False, True, False, False]
 
 
-def _deferred(n: int, c: int, states: float, boot: float | None = None) -> PolicyOutput:
-    """A policy output without prev_values; its states hold ``states`` (what values_of reads)."""
-    out = policy_output(n, c, value=0.0, boot=boot)
+def _without_values(n: int, c: int) -> PolicyOutput:
+    """A policy output without prev_values."""
+    out = policy_output(n, c, value=0.0)
     out.prev_values = None
-    out.forward_inputs["states"] = torch.full((n, 4), states)
     return out
 
 
-def test_builder_computes_deferred_values_in_one_batch_and_settles_their_bootstraps() -> None:
-    """values_of: outputs come without prev_values (policy in the env process); finish()
-    computes every row in one call, and a held final obs bootstraps from its deferred value."""
-    calls: list[int] = []
-
-    def values_of(obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        assert "action" not in obs
-        calls.append(obs["states"].shape[0])
-        return obs["states"][:, :1] * 10.0  # V = 10 * state
-
-    b = TrajectoryBuilder(2, 1, gamma=0.5, bootstrap_type="always", values_of=values_of)
-    b.add_policy_output(_deferred(2, 1, states=1.0))
-    # env 0 terminates (held final obs, no auto-reset: no bootstrap_values).
-    b.add_chunk(env_output([[1.0], [1.0]], [True, False], [False, False]), torch.ones(2, 1).bool())
-    b.add_policy_output(_deferred(2, 1, states=2.0))
-    b.add_chunk(env_output([[1.0], [1.0]], [False, False], [False, False]), torch.ones(2, 1).bool())
-    traj = b.finish(_deferred(2, 1, states=3.0), torch.tensor([0, 1]))
-    assert calls == [6]  # three rows of two envs, one call
-    assert traj.prev_values[:, :, 0].tolist() == [[10.0, 10.0], [20.0, 20.0], [30.0, 30.0]]
-    # bootstrap_type always: env 0's termination gets gamma * V(held obs) = 0.5 * 20.
-    assert traj.rewards[:, :, 0].tolist() == [[11.0, 1.0], [1.0, 1.0]]
-
-
-def test_builder_without_values_of_refuses_an_output_without_values() -> None:
+def test_builder_refuses_an_output_without_values() -> None:
     b = TrajectoryBuilder(2, 1, gamma=0.5, bootstrap_type="standard")
-    with pytest.raises(ValueError, match=r"needs prev_values \(or a TrajectoryBuilder with"):
-        b.add_policy_output(_deferred(2, 1, states=1.0))
+    with pytest.raises(ValueError, match="needs prev_values"):
+        b.add_policy_output(_without_values(2, 1))
 
 
 def test_split_and_concat_round_trip() -> None:

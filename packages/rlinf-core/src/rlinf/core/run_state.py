@@ -68,8 +68,6 @@ class RunProgress:
         data_cursor: The data sampler's state (reasoning runs; None elsewhere).
         rng: The driver's python/numpy/torch RNG states
             (:func:`rlinf.core.checkpoint.rng_state`).
-        pipeline: The embodied runner's choice between pipelined and merged stages
-            (``rollout.adaptive_stages``), so a resumed run makes the same one.
     """
 
     global_step: int
@@ -77,7 +75,6 @@ class RunProgress:
     total_env_steps: int = 0
     data_cursor: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
-    pipeline: dict[str, Any] | None = None
 
 
 class ConfigChangedError(ValueError):
@@ -170,4 +167,5 @@ def load_run_state(path: Path, config: BaseModel, *, allow_config_change: bool) 
                 listing,
             )
     state = torch.load(progress_file, weights_only=False)
-    return RunProgress(**state)
+    known = {f.name for f in dataclasses.fields(RunProgress)}
+    return RunProgress(**{k: v for k, v in state.items() if k in known})

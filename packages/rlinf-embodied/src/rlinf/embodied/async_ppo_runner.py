@@ -138,14 +138,13 @@ class AsyncPPORunner(EmbodiedRunner):
 
     # ------------------------------------------------------------------ pieces
 
-    def _launch_generation(self, seed_step: int) -> tuple[list[GroupFuture], bool, float]:
+    def _launch_generation(self, seed_step: int) -> tuple[list[GroupFuture], float]:
         ch = self._res.channels
-        merged = self._next_stage_layout()  # (no generation is in flight here)
         futures = [
-            self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
-            self.rollout.generate(ch["rollout"], ch["env"], seed_step, "train", merged),
+            self.env.interact(ch["rollout"], ch["env"], ch["actor"], seed_step),
+            self.rollout.generate(ch["rollout"], ch["env"], seed_step, "train"),
         ]
-        return futures, merged, time.perf_counter()
+        return futures, time.perf_counter()
 
     # ------------------------------------------------------------------ the loop
 
@@ -165,7 +164,7 @@ class AsyncPPORunner(EmbodiedRunner):
         bar = progress_bar(
             total=total, desc="embodied-async-ppo", unit="step", initial=self.global_step
         )
-        gen: tuple[list[GroupFuture], bool, float] | None = None
+        gen: tuple[list[GroupFuture], float] | None = None
         train: tuple[GroupFuture, float] | None = None
         ready = 0  # whole batches waiting in the actor channel
         gen_metrics: dict[str, float] = {}
@@ -177,12 +176,12 @@ class AsyncPPORunner(EmbodiedRunner):
         def finish_generation() -> None:
             nonlocal gen, ready, gen_metrics
             assert gen is not None
-            futures, merged, started = gen
+            futures, started = gen
             results = self._wait(futures)
             gen = None
             ready += 1
             gen_metrics = self._rollout_metrics(
-                results[0], results[1], time.perf_counter() - started, merged
+                results[0], results[1], time.perf_counter() - started
             )
 
         try:

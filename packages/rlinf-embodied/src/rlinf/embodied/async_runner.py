@@ -158,8 +158,8 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         mode = "random" if self.total_env_steps < self.cfg.algorithm.warmup_steps else "train"
         seed_step = self.total_env_steps  # distinct per epoch, restored on resume
         return [
-            self.env.interact(ch["rollout"], ch["env"], ch["actor"], False),
-            self.rollout.generate(ch["rollout"], ch["env"], seed_step, mode, False),
+            self.env.interact(ch["rollout"], ch["env"], ch["actor"], seed_step),
+            self.rollout.generate(ch["rollout"], ch["env"], seed_step, mode),
         ]
 
     def save_checkpoint(self) -> Any:

@@ -169,12 +169,11 @@ def launch_embodied_groups(
         ``[actor, rollout, env]``.
 
     Raises:
-        ValueError: ``rollout.in_env_process: true`` (there is no rollout group to place;
-            ``auto`` runs with the rollout group launched here).
+        ValueError: ``rollout.in_env_process: true`` (there is no rollout group to place).
     """
     from rlinf.embodied.workers import EmbodiedFSDPActor, EnvWorker, MultiStepRolloutWorker
 
-    if cfg.rollout.in_env_process is True:  # (auto takes a rollout group)
+    if cfg.rollout.in_env_process:
         raise ValueError(
             "rollout.in_env_process=true has no rollout group, and auto-place and online "
             "scaling place one; set rollout.in_env_process: false"

@@ -14,7 +14,7 @@ Sections (``examples/embodiment/config/*.yaml`` show all of them)::
                 target_entropy, max_update_lag
     env:        train / eval (an EnvConfig each; num_envs counts one env rank's envs over
                 all pipeline stages; max_steps_per_rollout_epoch is the rollout length)
-    rollout:    pipeline_stage_num, enable_offload, adaptive_stages
+    rollout:    pipeline_stage_num, enable_offload, in_env_process
     actor:      model (a PolicyConfig), optim, global_batch_size, micro_batch_size, seed,
                 enable_offload, dist_backend
     profile_data: (optional) measured seconds per step for ``rlinf auto-place``:
@@ -98,10 +98,12 @@ class EmbodiedClusterConfig(ClusterConfig):
 
     ``component_placement`` maps ``actor``, ``env`` and ``rollout`` (alone or
     comma-joined, e.g. ``"actor,env,rollout": 0-1``) to resource ranks: GPUs,
-    or CPU slots when ``cpu_slots_per_node`` > 0 on a CPU machine.
+    or CPU slots when ``cpu_slots_per_node`` > 0 on a CPU machine. ``rollout``
+    is placed exactly when there is a rollout group (``rollout.in_env_process: false``).
     """
 
     components: ClassVar[tuple[str, ...]] = COMPONENTS
+    optional_components: ClassVar[tuple[str, ...]] = ("rollout",)
     placement_examples: ClassVar[str] = (
         "'actor,env,rollout: 0' (collocated) or actor: 0-1, env: 0, rollout: 1 (hybrid)"
     )
@@ -316,26 +318,28 @@ class RolloutConfig(RLinfModel):
     enable_offload: bool | None = Field(
         None, description="Offload the policy between rollouts; null: when collocated."
     )
-    adaptive_stages: bool = Field(
-        True,
-        description="With pipeline_stage_num > 1: after a warm-up rollout, time two "
-        "rollouts pipelined and two with each env rank's stages merged into one stream (one "
-        "hand-off per round); keep them merged unless the best pipelined rollout was more than "
-        "10% faster. Timing-based, so sampling may differ between machines; false keeps the "
-        "stages pipelined.",
-    )
-    in_env_process: bool | Literal["auto"] = Field(
+    in_env_process: bool = Field(
         False,
         description="Run the policy inside each env worker: no rollout group, no "
         "observation/action hand-offs between processes (for cheap policies on few envs, "
         "where hand-offs cost more than the policy; see docs/embodied.md). Sync PPO/GRPO "
-        "only; cluster.component_placement.rollout is then not used. auto: where the run "
-        "allows it (runner.mode sync, no runner.online_scaling, pipeline_stage_num 1) and "
-        "the env ranks hold no GPU (CPU slots or CPU nodes) the launcher runs the policy in "
-        "the env workers, else it launches a rollout group (on GPUs the policy in the env "
-        "process is unchecked); the runner takes either "
-        "(rlinf.embodied.runner.policy_in_env_process).",
+        "only; cluster.component_placement then places no rollout.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "adaptive_stages" in data:
+            raise ValueError(
+                "rollout.adaptive_stages was removed: pipeline stages always run as "
+                "configured (rollout.pipeline_stage_num); delete the key"
+            )
+        if isinstance(data, dict) and data.get("in_env_process") == "auto":
+            raise ValueError(
+                "rollout.in_env_process=auto was removed: set true (the env workers run the "
+                "policy; place no rollout) or false (a rollout group; place rollout)"
+            )
+        return data
 
 
 class OptimConfig(RLinfModel):
@@ -447,7 +451,8 @@ class EmbodiedConfig(RLinfModel):
         sac = alg.loss_type == "sac"
         if self.runner.online_scaling:
             self._check_online_scaling()
-        if self.rollout.in_env_process is True and (
+        self._check_policy_placement()
+        if self.rollout.in_env_process and (
             self.runner.mode != "sync" or self.runner.online_scaling
         ):
             raise ValueError(
@@ -580,40 +585,39 @@ class EmbodiedConfig(RLinfModel):
 
     # ----------------------------------------------------------------- derived values
 
-    def runs_policy_in_env_process(self, env_on_accelerators: bool) -> bool:
-        """Whether a launcher should run the policy in the env workers (no rollout group).
-
-        ``rollout.in_env_process`` true or false decides as it is. ``auto`` runs the
-        policy there where the run allows it (:attr:`allows_policy_in_env_process`)
-        and the env ranks hold no GPU (CPU slots or CPU nodes), where it was measured
-        faster on the 2-core VM (ManiSkill PickCube, state, MLP: one env 0.80-0.91x
-        of the bare simulator's steps/s against 0.65-0.76x with a rollout group;
-        eight envs 507 against 494 env steps/s). On accelerators ``auto`` keeps a
-        rollout group: the policy in an env process on a GPU is unchecked. Launchers
-        ask :func:`rlinf.embodied.runner.policy_in_env_process`, which reads
-        ``env_on_accelerators`` from the placement.
-
-        Args:
-            env_on_accelerators: The env ranks are placed on accelerators (GPUs).
-        """
-        choice = self.rollout.in_env_process
-        if choice == "auto":
-            return self.allows_policy_in_env_process and not env_on_accelerators
-        return choice
-
     @property
     def allows_policy_in_env_process(self) -> bool:
-        """Whether ``auto`` runs the policy in the env workers.
+        """Whether the policy in the env workers would do this run's work as well.
 
         Yes for the sync runner without online scaling and with one pipeline stage
         (with more, a rollout group overlaps the policy with the env; in the env
-        process there is nothing to overlap).
+        process there is nothing to overlap). The runner's advice asks it.
         """
         return (
             self.runner.mode == "sync"
             and not self.runner.online_scaling
             and self.rollout.pipeline_stage_num == 1
         )
+
+    def _check_policy_placement(self) -> None:
+        """``cluster.component_placement`` places ``rollout`` exactly when a rollout group runs."""
+        placed = [
+            key
+            for key in self.cluster.component_placement
+            if "rollout" in (name.strip() for name in str(key).split(","))
+        ]
+        if self.rollout.in_env_process and placed:
+            raise ValueError(
+                f"rollout.in_env_process=true runs the policy in the env workers (no rollout "
+                f"group), but cluster.component_placement places rollout under {placed[0]!r}; "
+                "remove rollout from the placement, or set rollout.in_env_process: false"
+            )
+        if not self.rollout.in_env_process and not placed:
+            raise ValueError(
+                "rollout.in_env_process=false runs a rollout group, but "
+                "cluster.component_placement places no rollout; add it (e.g. rollout: 1), or "
+                "set rollout.in_env_process: true"
+            )
 
     def stage_num_envs(self, split: Literal["train", "eval"] = "train") -> int:
         """Envs of one (env rank, pipeline stage): ``num_envs / pipeline_stage_num``."""

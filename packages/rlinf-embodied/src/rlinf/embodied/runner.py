@@ -15,8 +15,8 @@ Usage (the programming flow of ``examples/embodiment/train_embodied_agent.py``):
     runner.run()
     runner.close()
 
-With the policy in the env workers (``rollout.in_env_process`` true, or ``auto``
-where the run allows it) there is no rollout group (``rollout=None``):
+With the policy in the env workers (``rollout.in_env_process: true``) there is
+no rollout group (``rollout=None``):
 each env rank runs the policy itself, the weight syncs go to the env group, and
 a rollout is ``env.interact`` and ``actor.recv_rollout_batch`` alone.
 
@@ -74,10 +74,9 @@ from rlinf.core.protocols.workers import (
 from rlinf.core.run_resources import RunResources
 from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.pipelining import StageChooser, in_env_process_advice, pipeline_advice
+from rlinf.embodied.pipelining import in_env_process_advice, pipeline_advice
 from rlinf.sched import (
     GroupFuture,
-    HybridComponentPlacement,
     WorkerGroup,
     scale_actor,
     wait_all,
@@ -85,7 +84,7 @@ from rlinf.sched import (
 )
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
-__all__ = ["EmbodiedRunner", "find_latest_checkpoint", "policy_in_env_process"]
+__all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
 _log = get_logger("rlinf.embodied.runner")
 
@@ -104,53 +103,22 @@ def _devices(group: WorkerGroup, ranks: Sequence[int] | None = None) -> set[tupl
     return out
 
 
-def policy_in_env_process(cfg: EmbodiedConfig, placement: HybridComponentPlacement) -> bool:
-    """Whether a launcher should run the policy in the env workers (and launch no rollout group).
-
-    ``rollout.in_env_process`` true or false as it is; ``auto`` where the run allows
-    it and no env rank holds an accelerator, i.e. where the env workers' policy would
-    run on the CPU (see :meth:`EmbodiedConfig.runs_policy_in_env_process`).
-
-    Args:
-        cfg: The validated config.
-        placement: The run's placement (it tells whether the env ranks hold accelerators).
-    """
-    on_accelerators = any(p.local_accelerator_ids for p in placement.get_placements("env"))
-    return cfg.runs_policy_in_env_process(env_on_accelerators=on_accelerators)
-
-
 def _check_policy_group(cfg: EmbodiedConfig, rollout: WorkerGroup | None) -> None:
     """Whether ``rollout`` (a group, or None: the env workers act) fits ``rollout.in_env_process``.
-
-    ``true`` needs None, ``false`` a group; ``auto`` takes a group, or None where the
-    run allows the policy in the env workers (:attr:`EmbodiedConfig.allows_policy_in_env_process`).
 
     Raises:
         ValueError: They do not fit; the message names the key and the fix.
     """
-    choice = cfg.rollout.in_env_process
-    if choice is True and rollout is not None:
+    if cfg.rollout.in_env_process and rollout is not None:
         raise ValueError(
             f"rollout.in_env_process=true runs the policy in the env workers, but a "
             f"rollout group ({rollout.name}) was given; pass rollout=None (and do not "
             "launch it), or set rollout.in_env_process: false"
         )
-    if rollout is None and (
-        choice is False or (choice == "auto" and not cfg.allows_policy_in_env_process)
-    ):
-        why = (
-            "the key is false"
-            if choice is False
-            else f"auto needs runner.mode sync (got {cfg.runner.mode!r}), no "
-            f"runner.online_scaling (got {cfg.runner.online_scaling}) and "
-            f"rollout.pipeline_stage_num 1 (got {cfg.rollout.pipeline_stage_num})"
-        )
+    if not cfg.rollout.in_env_process and rollout is None:
         raise ValueError(
-            f"rollout=None runs the policy in the env workers, which rollout.in_env_process="
-            f"{str(choice).lower()} does not allow here ({why}); launch a "
-            "MultiStepRolloutWorker group (as the example script does where "
-            "rlinf.embodied.runner.policy_in_env_process says False), or set "
-            "rollout.in_env_process: true"
+            "rollout=None runs the policy in the env workers, but rollout.in_env_process="
+            "false; launch a MultiStepRolloutWorker group, or set rollout.in_env_process: true"
         )
 
 
@@ -164,14 +132,12 @@ class EmbodiedRunner(ClosesOnExit):
         cfg: The validated run config.
         actor: Launched :class:`~rlinf.embodied.workers.EmbodiedFSDPActor` group.
         rollout: Launched :class:`~rlinf.embodied.workers.MultiStepRolloutWorker` group;
-            None to run the policy in the env group (``rollout.in_env_process`` true, or
-            ``auto`` where :attr:`EmbodiedConfig.allows_policy_in_env_process`; launchers
-            ask :func:`policy_in_env_process`).
+            None to run the policy in the env group (``rollout.in_env_process: true``).
         env: Launched :class:`~rlinf.embodied.workers.EnvWorker` group.
 
     Raises:
         ValueError: ``rollout`` does not fit ``rollout.in_env_process`` (a group with
-            ``true``; None with ``false``, or with ``auto`` where the run needs a group).
+            ``true``; None with ``false``).
 
     Attributes:
         global_step: Training steps done (the weight version of the next sync).
@@ -180,7 +146,6 @@ class EmbodiedRunner(ClosesOnExit):
         mode: ``collocated``, ``hybrid`` or ``disaggregated``, from the placements.
         collocated: Whether the actor shares devices with the rollout (then the
             rollout offloads between rollouts and both take device locks).
-        stage_chooser: Pipelined or merged stages (``rollout.adaptive_stages``).
     """
 
     actor_protocol: ClassVar[type] = EmbodiedActorWorker
@@ -216,9 +181,6 @@ class EmbodiedRunner(ClosesOnExit):
         self._evaluated = False
         self._initialized = False
         self._train_rollouts = 0
-        self.stage_chooser = StageChooser(
-            cfg.rollout.pipeline_stage_num, cfg.rollout.adaptive_stages
-        )
         self.base_actor_ranks = list(range(actor.world_size))
         """The actor ranks that hold the policy between steps (fewer with online scaling)."""
 
@@ -307,34 +269,10 @@ class EmbodiedRunner(ClosesOnExit):
             "rollout": self.policy_group.world_size,
         }
         cfg.check_world_sizes(**sizes)
-        self._res.drop_channels()  # a second init_workers() starts with fresh channels
-        run_id = uuid.uuid4().hex[:10]
-        stages = cfg.rollout.pipeline_stage_num
-        keys = max(64, self.env.world_size * stages + 8, self.actor.world_size + 8)
-        for name in ("rollout", "env", "actor"):
-            self._res.channel(name, f"embodied-{run_id}-{name}", max_keys=keys)
+        self._open_channels()
         if cfg.runner.online_scaling:
             self._check_scaling()
-        actor_dev = _devices(self.actor, self.base_actor_ranks)
-        rollout_dev = _devices(self.policy_group)
-        env_dev = _devices(self.env)
-        self.collocated = bool(actor_dev & rollout_dev)
-        shared = [
-            bool(actor_dev & rollout_dev),
-            bool(actor_dev & env_dev),
-            bool(env_dev & rollout_dev),
-        ]
-        self.mode = "collocated" if all(shared) else "hybrid" if any(shared) else "disaggregated"
-        offload_rollout = (
-            self.collocated if cfg.rollout.enable_offload is None else cfg.rollout.enable_offload
-        )
-        offload_actor = (
-            bool(actor_dev & (rollout_dev | env_dev))
-            if cfg.actor.enable_offload is None
-            else cfg.actor.enable_offload
-        )
-        if cfg.runner.online_scaling:
-            offload_actor = False  # the config refuses actor.enable_offload: true
+        offload_rollout, offload_actor = self._place()
         specs = self._wait([self.env.init_worker(cfg, self.actor.world_size)])[0]
         self.spec = specs[0]
         cfg.check_world_sizes(**sizes, max_episode_steps=self.spec.max_episode_steps)
@@ -346,19 +284,15 @@ class EmbodiedRunner(ClosesOnExit):
                 cfg, self.spec, self.actor.name, self.env.world_size, offload_rollout
             )
         )
-        self._wait(
-            [
-                policy_init,
-                self.actor.init_worker(
-                    cfg,
-                    self.spec,
-                    self.policy_group.name,
-                    self.policy_group.world_size,
-                    self.env.world_size,
-                    offload_actor,
-                ),
-            ]
+        actor_init = self.actor.init_worker(
+            cfg,
+            self.spec,
+            self.policy_group.name,
+            self.policy_group.world_size,
+            self.env.world_size,
+            offload_actor,
         )
+        self._wait([policy_init, actor_init])
         self.global_step = 0
         self.total_env_steps = 0
         self._synced_version = -1
@@ -370,7 +304,7 @@ class EmbodiedRunner(ClosesOnExit):
             "policy in the env processes"
             if self._rollout is None
             else f"rollout x{self._rollout.world_size}",
-            stages,
+            cfg.rollout.pipeline_stage_num,
             "; offload between phases" if offload_actor or offload_rollout else "",
         )
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
@@ -379,21 +313,51 @@ class EmbodiedRunner(ClosesOnExit):
         self._initialized = True
         startup.mark("init_workers")
 
-    def _freeze_heaps(self, env_only: bool = False) -> None:
+    def _open_channels(self) -> None:
+        """Creates the rollout, env and actor channels (fresh ones on a second init)."""
+        self._res.drop_channels()
+        run_id = uuid.uuid4().hex[:10]
+        stages = self.cfg.rollout.pipeline_stage_num
+        keys = max(64, self.env.world_size * stages + 8, self.actor.world_size + 8)
+        for name in ("rollout", "env", "actor"):
+            self._res.channel(name, f"embodied-{run_id}-{name}", max_keys=keys)
+
+    def _place(self) -> tuple[bool, bool]:
+        """Sets :attr:`mode` and :attr:`collocated` from the placements.
+
+        Returns:
+            ``(offload_rollout, offload_actor)``: components that share devices
+            offload between phases, unless ``enable_offload`` says otherwise.
+        """
+        cfg = self.cfg
+        actor_dev = _devices(self.actor, self.base_actor_ranks)
+        rollout_dev = _devices(self.policy_group)
+        env_dev = _devices(self.env)
+        self.collocated = bool(actor_dev & rollout_dev)
+        shared = [self.collocated, bool(actor_dev & env_dev), bool(env_dev & rollout_dev)]
+        self.mode = "collocated" if all(shared) else "hybrid" if any(shared) else "disaggregated"
+        offload_rollout = (
+            self.collocated if cfg.rollout.enable_offload is None else cfg.rollout.enable_offload
+        )
+        offload_actor = (
+            bool(actor_dev & (rollout_dev | env_dev))
+            if cfg.actor.enable_offload is None
+            else cfg.actor.enable_offload
+        )
+        if cfg.runner.online_scaling:
+            offload_actor = False  # the config refuses actor.enable_offload: true
+        return offload_rollout, offload_actor
+
+    def _freeze_heaps(self) -> None:
         """``runner.freeze_gc_heap``: set-up objects leave the cyclic collector's passes.
 
         Freezes (:mod:`rlinf.core.heap`) the driver and every worker at the end
-        of :meth:`init_workers`, and the env ranks again after their train
-        stages are rebuilt (``env_only``).
+        of :meth:`init_workers`.
         """
         if not self.cfg.runner.freeze_gc_heap:
             return
-        groups = [self.env] if env_only else [self.actor, self.env]
-        if self._rollout is not None and not env_only:
-            groups.append(self._rollout)
-        self._wait([group.freeze_heap() for group in groups])
-        if not env_only:
-            freeze_heap()
+        self._wait([group.freeze_heap() for group in self.groups])
+        freeze_heap()
 
     def _check_scaling(self) -> None:
         """Online scaling: the actor group has extra ranks, none beside its base ranks' devices."""
@@ -453,8 +417,6 @@ class EmbodiedRunner(ClosesOnExit):
         self.restarts = max(self.restarts, progress.restarts)
         if progress.rng is not None:
             set_rng_state(progress.rng)
-        if progress.pipeline is not None:
-            self.stage_chooser.load_state(progress.pipeline)
         _log.info("resumed from %s at step %d", path, self.global_step)
         return self.global_step
 
@@ -505,13 +467,12 @@ class EmbodiedRunner(ClosesOnExit):
             ``env/*`` episode metrics, ``rollout/env_steps`` and the step's env steps/s.
         """
         ch = self._res.channels
-        merged = self._next_stage_layout()
         step = self.global_step
         start = time.perf_counter()
         if self._rollout is None:  # the env ranks act themselves and report infer_time
             env_results = self._wait(
                 [
-                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged, step),
+                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], step),
                     self.actor.recv_rollout_batch(ch["actor"]),
                 ]
             )[0]
@@ -519,38 +480,20 @@ class EmbodiedRunner(ClosesOnExit):
         else:
             env_results, policy_results, _ = self._wait(
                 [
-                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], merged),
-                    self._rollout.generate(ch["rollout"], ch["env"], step, "train", merged),
+                    self.env.interact(ch["rollout"], ch["env"], ch["actor"], step),
+                    self._rollout.generate(ch["rollout"], ch["env"], step, "train"),
                     self.actor.recv_rollout_batch(ch["actor"]),
                 ]
             )
         elapsed = time.perf_counter() - start
-        return self._rollout_metrics(env_results, policy_results, elapsed, merged)
-
-    def _next_stage_layout(self) -> bool:
-        """Whether the next training rollout runs merged stages.
-
-        For the merged trials, each env rank first makes its stages one env, so call
-        it with no rollout in flight.
-        """
-        merged = self.stage_chooser.next_merged()
-        if merged and self.stage_chooser.merged is None:
-            self._wait([self.env.merge_train_stages()])
-            self._freeze_heaps(env_only=True)
-        return merged
+        return self._rollout_metrics(env_results, policy_results, elapsed)
 
     def _rollout_metrics(
-        self, env_results: list[Any], rollout_results: list[Any], elapsed: float, merged: bool
+        self, env_results: list[Any], rollout_results: list[Any], elapsed: float
     ) -> dict[str, float]:
         """Episode, throughput and timing metrics of one finished training rollout."""
         self._train_rollouts += 1
         env_steps = sum(int(r["env_steps"]) for r in env_results)
-        choice = self.stage_chooser.record(env_steps / elapsed if elapsed > 0 else 0.0)
-        if choice:
-            (_log.warning if self.stage_chooser.merged else _log.info)(choice)
-            if not self.stage_chooser.merged:  # the trial ran them merged: stages again
-                self._wait([self.env.split_train_stages()])
-                self._freeze_heaps(env_only=True)
         env_times = [r.get("env_time") for r in env_results]
         policy_times = [r.get("infer_time") for r in rollout_results]
         busy: dict[str, float] = {}
@@ -558,7 +501,7 @@ class EmbodiedRunner(ClosesOnExit):
             busy["time/env_chunk_steps"] = max(float(t) for t in env_times)
             busy["time/policy_calls"] = max(float(t) for t in policy_times)
         # Once, after the first rollout (which includes the first resets and inferences).
-        if self._train_rollouts == 2 and busy and not self.stage_chooser.active:
+        if self._train_rollouts == 2 and busy:
             costs = {
                 "env_seconds": busy["time/env_chunk_steps"],
                 "policy_seconds": busy["time/policy_calls"],
@@ -575,8 +518,6 @@ class EmbodiedRunner(ClosesOnExit):
         metrics["rollout/env_steps"] = float(self.total_env_steps)
         metrics["rollout/env_steps_per_s"] = env_steps / elapsed if elapsed > 0 else 0.0
         metrics["time/generate_rollouts"] = elapsed
-        if self.stage_chooser.active:
-            metrics["rollout/stages_merged"] = float(merged)
         return {**metrics, **busy}
 
     def compute_advantages_and_returns(self) -> dict[str, float]:
@@ -604,15 +545,14 @@ class EmbodiedRunner(ClosesOnExit):
             _log.info("first eval (step %d) ...", self.global_step)
         self.update_rollout_weights()
         ch = self._res.channels
-        merged = bool(self.stage_chooser.merged)  # pipelined until the choice is made
         step = self.global_step
         if self._rollout is None:
-            results = self._wait([self.env.evaluate(ch["rollout"], ch["env"], merged, step)])
+            results = self._wait([self.env.evaluate(ch["rollout"], ch["env"], step)])
         else:
             results = self._wait(
                 [
-                    self.env.evaluate(ch["rollout"], ch["env"], merged),
-                    self._rollout.generate(ch["rollout"], ch["env"], step, "eval", merged),
+                    self.env.evaluate(ch["rollout"], ch["env"], step),
+                    self._rollout.generate(ch["rollout"], ch["env"], step, "eval"),
                 ]
             )
         metrics = _episode_metrics("eval", results[0])
@@ -640,7 +580,6 @@ class EmbodiedRunner(ClosesOnExit):
                 restarts=self.restarts,
                 total_env_steps=self.total_env_steps,
                 rng=rng_state(cuda=False),  # the driver leaves the GPUs to the workers
-                pipeline=self.stage_chooser.state(),
             )
             save_run_state(path, progress, self.cfg)
         return path
@@ -771,11 +710,11 @@ class EmbodiedRunner(ClosesOnExit):
 
 
 def _episode_metrics(prefix: str, per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
-    merged: dict[str, list[float]] = {}
+    pooled: dict[str, list[float]] = {}
     for episodes in per_rank:
         for key, values in episodes.items():
-            merged.setdefault(key, []).extend(values)
-    count = max((len(v) for v in merged.values()), default=0)
-    out = {f"{prefix}/{k}": float(np.mean(v)) for k, v in merged.items() if v}
+            pooled.setdefault(key, []).extend(values)
+    count = max((len(v) for v in pooled.values()), default=0)
+    out = {f"{prefix}/{k}": float(np.mean(v)) for k, v in pooled.items() if v}
     out[f"{prefix}/num_trajectories"] = float(count)
     return out

@@ -27,11 +27,14 @@ class ClusterConfig(RLinfModel):
     ``cpu_slots_per_node`` > 0 on a CPU machine.
 
     Class attributes set by a stack's subclass:
-        components: The component names a run of that stack must place, each once.
+        components: The component names a run of that stack may place, each once.
+        optional_components: Those of ``components`` a run may leave out (the
+            stack's config says when one must be placed).
         placement_examples: Example placements quoted in error messages.
     """
 
     components: ClassVar[tuple[str, ...]] = ()
+    optional_components: ClassVar[tuple[str, ...]] = ()
     placement_examples: ClassVar[str] = ""
 
     num_nodes: int = Field(1, ge=1, description="Nodes the run needs.")
@@ -60,7 +63,9 @@ class ClusterConfig(RLinfModel):
             return value
         names = [n for spec in specs for n in spec.names]
         unknown = sorted(set(names) - set(cls.components))
-        missing = [c for c in cls.components if c not in names]
+        missing = [
+            c for c in cls.components if c not in names and c not in cls.optional_components
+        ]
         if unknown:
             raise ValueError(
                 f"names unknown components {unknown}; this run places "

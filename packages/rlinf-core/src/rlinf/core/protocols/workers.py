@@ -77,17 +77,17 @@ class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
         obs_channel: Channel,
         action_channel: Channel,
         actor_channel: Channel,
-        merged: bool = False,
+        step: int = 0,
     ) -> dict[str, Any]:
         """Runs one rollout epoch: observations out, actions in, trajectories to the actor.
 
-        ``merged``: run the pipeline stages as one stream (``rollout.adaptive_stages``).
+        ``step``: the global step (seeds the sampling of a policy in the env process).
         Returns ``env_steps`` and ``episodes`` (per-metric lists), and optionally
         ``env_time`` (seconds stepping envs, for the runner's pipeline advice).
         """
 
     def evaluate(
-        self, obs_channel: Channel, action_channel: Channel, merged: bool = False
+        self, obs_channel: Channel, action_channel: Channel, step: int = 0
     ) -> dict[str, list[float]]:
         """Runs the eval episodes; returns per-episode metric lists."""
 
@@ -96,8 +96,8 @@ class EmbodiedEnvWorker(CheckpointableWorker, Protocol):
 class EmbodiedPolicyEnvWorker(EmbodiedEnvWorker, Protocol):
     """An env worker that can also run the policy itself (``rollout.in_env_process``).
 
-    ``interact`` and ``evaluate`` then take the global step (after ``merged``),
-    which seeds the sampling.
+    ``interact`` and ``evaluate`` then act in this process, sampling from the
+    global step's seed.
     """
 
     def init_policy(self, cfg: Any, spec: EnvSpec, actor_group: str) -> None:
@@ -111,13 +111,12 @@ class EmbodiedPolicyEnvWorker(EmbodiedEnvWorker, Protocol):
         obs_channel: Channel,
         action_channel: Channel,
         actor_channel: Channel,
-        merged: bool = False,
         step: int = 0,
     ) -> dict[str, Any]:
         """As :meth:`EmbodiedEnvWorker.interact`; also returns ``infer_time``."""
 
     def evaluate(
-        self, obs_channel: Channel, action_channel: Channel, merged: bool = False, step: int = 0
+        self, obs_channel: Channel, action_channel: Channel, step: int = 0
     ) -> dict[str, list[float]]:
         """As :meth:`EmbodiedEnvWorker.evaluate`."""
 
@@ -145,12 +144,8 @@ class EmbodiedRolloutWorker(Protocol):
         action_channel: Channel,
         step: int,
         mode: str = "train",
-        merged: bool = False,
     ) -> dict[str, Any]:
-        """Serves one rollout (or eval) epoch; returns ``rollout/*`` metrics.
-
-        ``merged``: the env ranks run their stages as one stream.
-        """
+        """Serves one rollout (or eval) epoch; returns ``rollout/*`` metrics."""
 
 
 class _EmbodiedTrainerWorker(CheckpointableWorker, Protocol):

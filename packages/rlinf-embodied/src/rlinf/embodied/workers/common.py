@@ -17,10 +17,13 @@ tensor costs serialization time on the env's critical path:
 * env -> rollout: an :data:`ObsMessage` ``(obs, final_obs)`` (rewards and done
   flags stay with the env rank, which builds the trajectory); a train stream's
   last observation comes as :class:`LastObs`, since only its values are read;
-* rollout -> env: the action chunk ``[n, C, A]`` as soon as it is sampled,
-  then (train mode only) the complete :class:`PolicyOutput`, which the rollout
-  finishes (value head, bootstrap values) while the env steps. A
-  :class:`LastObs` gets the values-only output alone (no action chunk).
+* rollout -> env: the action chunk ``[n, C, A]``, then (train mode only) the
+  full :class:`PolicyOutput` (values, logprobs, forward inputs, bootstrap
+  values). A :class:`LastObs` gets the values-only output alone (no action chunk).
+
+An env rank talks to its policy through a :class:`PolicyLink`: the two
+channels of a rollout group (:class:`ChannelLink`), or the policy in its own
+process (:class:`~rlinf.embodied.workers.policy_host.InProcessPolicy`).
 """
 
 from __future__ import annotations
@@ -29,16 +32,19 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from rlinf.core.channel import Channel
 from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Obs, PolicyOutput, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig, import_plugins
 
 __all__ = [
+    "ChannelLink",
     "LastObs",
     "ObsMessage",
+    "PolicyLink",
     "actor_pieces",
     "chunk_steps",
     "concat_env_outputs",
@@ -113,6 +119,46 @@ class LastObs:
     """
 
     message: ObsMessage
+
+
+class PolicyLink(Protocol):
+    """How an env rank's streams reach the policy: observations out, actions back."""
+
+    def send_obs(self, key: str, item: ObsMessage | LastObs | None) -> None:
+        """Sends stream ``key``'s next observation (``None``: the stream ends)."""
+
+    def recv_actions(self, key: str) -> torch.Tensor:
+        """The action chunk ``[n, C, A]`` of the last observation sent on ``key``."""
+
+    def recv_output(self, key: str) -> PolicyOutput:
+        """The full policy output (train mode; values only for a :class:`LastObs`)."""
+
+
+class ChannelLink:
+    """The :class:`PolicyLink` over a rollout group's observation and action channels.
+
+    Args:
+        obs_channel: Env -> rollout observations (keys ``"rank.stage"``).
+        action_channel: Rollout -> env action chunks and policy outputs (same keys).
+        timeout: Seconds each put and get may wait.
+    """
+
+    def __init__(self, obs_channel: Channel, action_channel: Channel, timeout: float) -> None:
+        self.obs_channel, self.action_channel, self.timeout = obs_channel, action_channel, timeout
+
+    def send_obs(self, key: str, item: ObsMessage | LastObs | None) -> None:
+        """Puts ``item`` on the observation channel under ``key``."""
+        self.obs_channel.put(item, key=key, timeout=self.timeout)
+
+    def recv_actions(self, key: str) -> torch.Tensor:
+        """Gets the next action chunk of ``key``."""
+        actions: torch.Tensor = self.action_channel.get(key=key, timeout=self.timeout)
+        return actions
+
+    def recv_output(self, key: str) -> PolicyOutput:
+        """Gets the next policy output of ``key``."""
+        output: PolicyOutput = self.action_channel.get(key=key, timeout=self.timeout)
+        return output
 
 
 def obs_message(output: EnvOutput) -> ObsMessage:

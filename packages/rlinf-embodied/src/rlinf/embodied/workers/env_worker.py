@@ -2,12 +2,11 @@
 
 One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
 
-1. Send the first observation (a fresh reset, or the observation the previous
-   rollout ended on when ``auto_reset``) to the rollout under key ``"rank.s"``.
+1. Reset: send the first observation (a fresh reset, or the observation the
+   previous rollout ended on when ``auto_reset``) under key ``"rank.s"``.
 2. ``T`` times, for each stage in turn: receive the stage's action chunk, step
    the stage's env by one chunk, send the new observation, then receive the
-   complete policy output of that chunk (the rollout finished it while the env
-   stepped) and record both. While this rank steps stage ``s``, the rollout
+   full policy output of that chunk and record both. While this rank steps stage ``s``, the rollout
    computes the actions of the other stages: simulation and inference overlap.
 3. Receive the policy output on the last observation (sent as a ``LastObs``:
    the policy only computes its values, which close the ``T + 1`` value rows;
@@ -15,33 +14,22 @@ One training rollout (:meth:`EnvWorker.interact`), per stage ``s`` of this rank:
    :class:`~rlinf.core.protocols.embodied.Trajectory` to the actor channel,
    cut into the pieces each actor rank is due (see :mod:`.common`).
 
-With ``merged`` (``rollout.adaptive_stages``) the stages run as one stream
-(key ``"rank.0"``); for the stage trial's merged rollout, and for good when it
-wins, :meth:`EnvWorker.merge_train_stages` rebuilds them as one env, so a
-round is one env call, as with one stage.
-
 Eval (:meth:`EnvWorker.evaluate`) runs the eval envs from deterministic seeds
 with the rollout in ``eval`` mode; a stage's stream ends early once all its
 episodes are over (without auto-reset).
 
-With ``rollout.in_env_process`` there is no rollout group: :meth:`EnvWorker.init_policy`
-builds the policy in this process, the actor's weight syncs reach it
-(:meth:`EnvWorker.sync_model_from_actor`), and the same loops act through an
-:class:`~rlinf.embodied.workers.policy_host.InProcessPolicy` instead of the
-observation and action channels, so nothing crosses a process per step. There
-the training rollout keeps each chunk step's policy output (computed on call)
-and env output, and builds the stream's trajectory from them in one pass at the
-stream's end (``_Deferred``): nothing overlaps the env in this process, and that
-work ran slower right after each simulator step than in one pass.
+Both loops talk to the policy through a
+:class:`~rlinf.embodied.workers.common.PolicyLink`: the observation and action
+channels of a rollout group, or, with ``rollout.in_env_process`` (no rollout
+group), an :class:`~rlinf.embodied.workers.policy_host.InProcessPolicy` over the
+policy that :meth:`EnvWorker.init_policy` builds in this process (the actor's
+weight syncs reach it through :meth:`EnvWorker.sync_model_from_actor`). The
+loops are the same either way, so both modes sample the same actions.
 
 Both loops run under ``torch.inference_mode()`` (nothing in them needs
-autograd): the wrapper's and the in-process policy's small torch ops skip
-autograd's per-op bookkeeping. By hand, per PickCube env step (medians of eight
-alternating blocks of 150 steps, one process): the chunk step 1,804 against
-1,833 us, the act 171 against 178, ``complete()`` 32.5 against 36.3. Tensors
-made here are inference tensors: what leaves the process (observations,
-trajectories) arrives as ordinary tensors, and what stays (the envs' last
-outputs) is only read, or copied before a write, outside these loops.
+autograd). Tensors made here are inference tensors: what leaves the process
+(observations, trajectories) arrives as ordinary tensors, and what stays (the
+envs' last outputs) is only read, or copied before a write, outside these loops.
 """
 
 from __future__ import annotations
@@ -49,7 +37,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +45,17 @@ import torch
 
 from rlinf.core.channel import Channel
 from rlinf.core.dist import select_device
-from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, PolicyOutput, Trajectory
+from rlinf.core.protocols.embodied import EnvOutput, EnvSpec, Trajectory
 from rlinf.embodied.config import EmbodiedConfig, EnvSplitConfig
 from rlinf.embodied.envs import VectorEnv, make_env
 from rlinf.embodied.workers.common import (
+    ChannelLink,
     LastObs,
+    PolicyLink,
     actor_pieces,
     chunk_steps,
-    concat_env_outputs,
     obs_message,
     setup_process,
-    split_rows,
     split_trajectory,
     stream_key,
 )
@@ -88,9 +76,7 @@ class EnvWorker(Worker):
     max_concurrent_calls = 1
     """Calls run on the main thread, one at a time (see :class:`~rlinf.sched.Worker`):
     nothing then takes the GIL from the simulator every 10 ms. The runners send an
-    env rank one call at a time. On the 2-core VM the PickCube MLP rollout read
-    0.83-0.85x of the bare simulator with it against 0.79-0.85x without (six
-    alternating runs each; ``docs/embodied_hot_path.md``)."""
+    env rank one call at a time."""
 
     def __init__(self, cfg: EmbodiedConfig) -> None:
         super().__init__()
@@ -102,8 +88,6 @@ class EnvWorker(Worker):
         """Per train env: the output its last rollout ended on."""
         self._seed_epochs: list[int] = []
         """Per train env: its reset-seed epoch."""
-        self._env_stages: list[list[int]] = []
-        """Per train env: the pipeline stages it holds (one each, or all once merged)."""
         self._actor_world_size = 1
         self.host: PolicyHost | None = None
         """The policy, with ``rollout.in_env_process`` (see :meth:`init_policy`)."""
@@ -133,49 +117,7 @@ class EnvWorker(Worker):
                 self.eval_envs = self._build(cfg.env.eval, cfg.stage_num_envs("eval"))
         self._last = [None] * stages
         self._seed_epochs = [0] * stages
-        self._env_stages = [[s] for s in range(stages)]
         return self.train_envs[0].spec
-
-    def merge_train_stages(self) -> None:
-        """Rebuilds this rank's train stages as one env of all their envs (idempotent).
-
-        For the merged stage trial, and after it when merged wins
-        (``rollout.adaptive_stages``): one env call per round instead of one per
-        stage, as with one stage. The rows stay in stage order, so trajectories
-        still reach the actor cut by stage; the episodes restart once, from the
-        merged env's own seeds.
-        """
-        if len(self.train_envs) < 2:
-            return
-        stages, epoch = len(self.train_envs), max(self._seed_epochs)
-        merged = make_env(
-            self.cfg.env.train,
-            num_envs=stages * self.cfg.stage_num_envs("train"),
-            seed_offset=self.rank * stages,
-            stage_id=0,
-        )
-        self._close_train_envs()
-        self.train_envs = [merged]
-        self._last, self._seed_epochs = [None], [0]
-        self._env_stages = [list(range(stages))]
-        self._advance_seed_epochs([epoch])
-        self.log_info("train stages merged into one env of %d envs", merged.num_envs)
-
-    def split_train_stages(self) -> None:
-        """Undoes :meth:`merge_train_stages`: one env per stage again (idempotent).
-
-        The episodes restart once, from the stages' seeds at the epoch reached
-        (not their first epoch again).
-        """
-        stages = self.cfg.rollout.pipeline_stage_num
-        if len(self.train_envs) == stages:
-            return
-        epoch = max(self._seed_epochs)
-        self._close_train_envs()
-        self.train_envs = self._build(self.cfg.env.train, self.cfg.stage_num_envs("train"))
-        self._last, self._seed_epochs = [None] * stages, [0] * stages
-        self._env_stages = [[s] for s in range(stages)]
-        self._advance_seed_epochs([epoch] * stages)
 
     def _advance_seed_epochs(self, epochs: list[int]) -> None:
         """Moves each train env's reset seeds on to ``epochs[i]`` (from where it stands)."""
@@ -212,16 +154,14 @@ class EnvWorker(Worker):
             )
         return self.host
 
-    def _links(
+    def _link(
         self, obs_channel: Channel, action_channel: Channel, step: int, mode: str
-    ) -> tuple[Any, Any]:
+    ) -> PolicyLink:
         """Where observations go and actions come from: the channels, or the in-process policy."""
         if self.host is None:
-            return obs_channel, action_channel
+            return ChannelLink(obs_channel, action_channel, self.cfg.runner.channel_timeout_s)
         generator = sampling_generator(self.cfg, step, self.rank, mode, self.host.device)
-        # Train mode: the value network runs once per stream, at its end (no overlap to win here).
-        local = InProcessPolicy(self.host, mode, generator, defer_values=mode == "train")
-        return local, local
+        return InProcessPolicy(self.host, mode, generator)
 
     def _build(self, split: EnvSplitConfig, n: int) -> list[VectorEnv]:
         stages = self.cfg.rollout.pipeline_stage_num
@@ -251,19 +191,6 @@ class EnvWorker(Worker):
         finally:
             super().teardown()
 
-    # ------------------------------------------------------------------ streams
-
-    def _streams(
-        self, envs: list[VectorEnv], env_stages: list[list[int]], merged: bool
-    ) -> list[_Stream]:
-        """One stream per env (stage), or one stream of all when ``merged``."""
-        if merged or len(envs) == 1:
-            return [_Stream(envs, list(range(len(envs))), env_stages, stream_key(self.rank, 0))]
-        return [
-            _Stream([env], [i], [stages], stream_key(self.rank, stages[0]))
-            for i, (env, stages) in enumerate(zip(envs, env_stages, strict=True))
-        ]
-
     # ------------------------------------------------------------------ training rollout
 
     def interact(
@@ -271,19 +198,15 @@ class EnvWorker(Worker):
         obs_channel: Channel,
         action_channel: Channel,
         actor_channel: Channel,
-        merged: bool = False,
         step: int = 0,
     ) -> dict[str, Any]:
         """Runs one training rollout of every stage of this rank (see the module docstring).
 
         Args:
             obs_channel: Env -> rollout observations (keys ``"rank.stage"``).
-            action_channel: Rollout -> env action chunks, each followed by its complete
+            action_channel: Rollout -> env action chunks, each followed by its full
                 policy output (same keys).
             actor_channel: Env -> actor trajectory pieces (key: actor rank).
-            merged: Run the stages as one stream (key ``"rank.0"``): one hand-off per
-                round instead of one per stage. Trajectories reach the actor cut by
-                stage as when pipelined.
             step: Global step: seeds the in-process policy's sampling as the rollout
                 worker's (``rollout.in_env_process``; unused otherwise).
 
@@ -292,129 +215,98 @@ class EnvWorker(Worker):
             ``chunk_step``, "episodes": {metric: [values of the episodes that finished]}}``;
             with the in-process policy also ``"infer_time"``, seconds inside it.
         """
-        if not merged and len(self.train_envs) < self.cfg.rollout.pipeline_stage_num:
-            raise RuntimeError(
-                "interact(merged=False) after merge_train_stages(): this rank's stages are "
-                "one env now, so the rollout must take them as one stream (merged=True)"
-            )
-        obs_channel, action_channel = self._links(obs_channel, action_channel, step, "train")
-        cfg = self.cfg
-        timeout = cfg.runner.channel_timeout_s
-        chunks = cfg.actor.model.num_action_chunks
-        steps = chunk_steps(cfg.env.train, self.train_envs[0].spec, chunks)
-        episodes: dict[str, list[float]] = defaultdict(list)
-        streams = self._streams(self.train_envs, self._env_stages, merged)
-        values_of = None if self.host is None else self.host.values_of
-        builders: list[TrajectoryBuilder] = []
-        closing = [False] * len(streams)
-        env_steps, env_time = 0, 0.0
-        # With the policy in this process nothing overlaps the env, so a stream's
-        # bookkeeping (policy outputs, trajectory rows) waits for its end and runs
-        # there in one pass, while the caches are warm, not after every simulator
-        # step (see _Deferred).
-        deferred = (
-            [_Deferred() for _ in streams] if isinstance(action_channel, InProcessPolicy) else None
-        )
+        link = self._link(obs_channel, action_channel, step, "train")
+        chunks = self.cfg.actor.model.num_action_chunks
+        steps = chunk_steps(self.cfg.env.train, self.train_envs[0].spec, chunks)
+        report = _RolloutReport()
         with self.worker_timer("interact"), torch.inference_mode():
-            for stream in streams:
-                last = [self._last[i] for i in stream.env_ids]
-                outs = [
-                    out if out is not None and env.auto_reset else env.reset()
-                    for env, out in zip(stream.envs, last, strict=True)
-                ]
-                obs_channel.put(
-                    obs_message(concat_env_outputs(outs)), key=stream.key, timeout=timeout
-                )
-                builders.append(
-                    TrajectoryBuilder(
-                        stream.num_envs,
-                        chunks,
-                        cfg.algorithm.gamma,
-                        cfg.algorithm.bootstrap_type,
-                        collect_next_obs=cfg.algorithm.loss_type == "sac",
-                        values_of=values_of,
-                    )
-                )
-            # Round t < steps acts on the obs after chunk t - 1; the last request of a
-            # stream (round ``steps``, or the round after all its episodes ended without
-            # auto-reset) only brings the values of its last observation.
-            active = list(range(len(streams)))
+            # -- reset: every stage sends its first observation
+            streams = [self._open_stream(stage, link) for stage in range(len(self.train_envs))]
+            # -- for t: act, step, record, stage by stage (the policy acts on one stage
+            #    while this rank steps another); a stream whose last observation went
+            #    out finishes in the next round: its last values, its end, the shipment
             for t in range(steps + 1):
-                for i in list(active):
-                    stream, key = streams[i], streams[i].key
-                    if t == steps or closing[i]:  # the values of the LastObs sent last round
-                        if deferred is not None:
-                            env_steps += deferred[i].replay(builders[i])
-                        policy_out = action_channel.get(key=key, timeout=timeout)
-                        obs_channel.put(None, key=key, timeout=timeout)
-                        traj = builders[i].finish(policy_out, self._group_ids(stream), steps)
-                        self._ship(stream, traj, actor_channel, timeout)  # streams to the actor
-                        active.remove(i)
-                        continue
-                    actions = action_channel.get(key=key, timeout=timeout)
-                    started = time.perf_counter()
-                    outs, metrics = stream.chunk_step(actions)
-                    env_time += time.perf_counter() - started
-                    out = concat_env_outputs(outs)
-                    # Without auto-reset, a stream whose episodes all ended stops early
-                    # (the rest of its trajectory is padding outside the loss mask).
-                    closing[i] = not stream.auto_reset and bool(out.dones[:, -1].all())
-                    # Hand the obs over first: the bookkeeping below overlaps the policy
-                    # call (it only reads ``out``, and the next chunk step copies it).
-                    # The last one is only read for its values (no action is sampled).
-                    message = obs_message(out)
-                    is_last = t == steps - 1 or closing[i]
-                    obs_channel.put(
-                        LastObs(message) if is_last else message, key=key, timeout=timeout
-                    )
-                    alive = stream.last_alive_mask()
-                    if deferred is not None:
-                        deferred[i].add(action_channel.get_later(key), out, alive)
+                for stream in [s for s in streams if not s.done]:
+                    if stream.sent_last:
+                        self._finish_stream(stream, link, actor_channel, steps)
                     else:
-                        policy_out = action_channel.get(key=key, timeout=timeout)
-                        _record(builders[i], policy_out, out, alive)
-                        env_steps += int(alive.sum())
-                    for name, values in metrics.items():
-                        episodes[name].extend(values)
-                    for env_id, env_out in zip(stream.env_ids, outs, strict=True):
-                        self._last[env_id] = env_out
-            for i, env in enumerate(self.train_envs):
-                if not env.auto_reset:
-                    env.update_reset_seeds()
-                    self._seed_epochs[i] += 1
-        report: dict[str, Any] = {
-            "env_steps": env_steps,
-            "env_time": env_time,
-            "episodes": dict(episodes),
-        }
-        if self.host is not None:
-            report["infer_time"] = self.host.take_infer_time()
-        return report
+                        self._step_stream(stream, link, report, last=t == steps - 1)
+            # -- the next rollout's episodes (without auto-reset) start from new seeds
+            self._advance_reset_seeds()
+        return report.as_dict(self.host)
 
-    def _group_ids(self, stream: _Stream) -> torch.Tensor:
-        """Group ids unique over ranks and stages (the same whether stages are merged or not)."""
-        stages = self.cfg.rollout.pipeline_stage_num
-        return torch.cat(
-            [
-                env.group_ids + (self.rank * stages + held[0]) * (env.num_groups // len(held))
-                for env, held in zip(stream.envs, stream.env_stages, strict=True)
-            ]
+    def _open_stream(self, stage: int, link: PolicyLink) -> _Stream:
+        """Starts stage ``stage``'s stream: sends its first observation."""
+        env, last = self.train_envs[stage], self._last[stage]
+        out = last if last is not None and env.auto_reset else env.reset()
+        cfg = self.cfg
+        builder = TrajectoryBuilder(
+            env.num_envs,
+            cfg.actor.model.num_action_chunks,
+            cfg.algorithm.gamma,
+            cfg.algorithm.bootstrap_type,
+            collect_next_obs=cfg.algorithm.loss_type == "sac",
         )
+        stream = _Stream(stage, env, stream_key(self.rank, stage), builder)
+        link.send_obs(stream.key, obs_message(out))
+        return stream
 
-    def _ship(self, stream: _Stream, traj: Trajectory, channel: Channel, timeout: float) -> None:
-        """Puts a stream's trajectory, cut by stage and into pieces, under their actor ranks."""
+    def _step_stream(
+        self, stream: _Stream, link: PolicyLink, report: _RolloutReport, last: bool
+    ) -> None:
+        """Act, step, record: one chunk step of a train stream."""
+        actions = link.recv_actions(stream.key)
+        started = time.perf_counter()
+        out, finished = stream.env.chunk_step(actions)
+        report.env_time += time.perf_counter() - started
+        # Without auto-reset, a stream whose episodes all ended stops early (the rest of
+        # its trajectory is padding outside the loss mask). Its last observation is only
+        # read for its values (no action is sampled on it).
+        ended = not stream.env.auto_reset and bool(out.dones[:, -1].all())
+        stream.sent_last = last or ended
+        message = obs_message(out)
+        link.send_obs(stream.key, LastObs(message) if stream.sent_last else message)
+        alive = stream.env.last_alive_mask
+        stream.builder.add_policy_output(link.recv_output(stream.key))
+        stream.builder.add_chunk(out, alive)
+        report.record(finished, int(alive.sum()))
+        self._last[stream.stage] = out
+
+    def _finish_stream(
+        self, stream: _Stream, link: PolicyLink, actor_channel: Channel, steps: int
+    ) -> None:
+        """Closes a stream: its last observation's values end the trajectory, which ships."""
+        final = link.recv_output(stream.key)
+        link.send_obs(stream.key, None)
+        traj = stream.builder.finish(final, self._group_ids(stream.stage), steps)
+        self._ship(stream.stage, traj, actor_channel)
+        stream.done = True
+
+    def _advance_reset_seeds(self) -> None:
+        for i, env in enumerate(self.train_envs):
+            if not env.auto_reset:
+                env.update_reset_seeds()
+                self._seed_epochs[i] += 1
+
+    def _group_ids(self, stage: int) -> torch.Tensor:
+        """Group ids of a train stage, unique over ranks and stages."""
+        env = self.train_envs[stage]
         stages = self.cfg.rollout.pipeline_stage_num
+        return env.group_ids + (self.rank * stages + stage) * env.num_groups
+
+    def _ship(self, stage: int, traj: Trajectory, channel: Channel) -> None:
+        """Puts a stage's trajectory, cut into pieces, under their actor ranks."""
+        stages = self.cfg.rollout.pipeline_stage_num
+        timeout = self.cfg.runner.channel_timeout_s
         split_num, per_actor = actor_pieces(self._actor_world_size, self.world_size, stages)
-        by_stage = [traj] if len(stream.stages) == 1 else split_trajectory(traj, len(stream.stages))
-        for stage, stage_traj in zip(stream.stages, by_stage, strict=True):
-            for j, piece in enumerate(split_trajectory(stage_traj, split_num)):
-                index = (self.rank * stages + stage) * split_num + j
-                channel.put((index, piece), key=str(index // per_actor), timeout=timeout)
+        for j, piece in enumerate(split_trajectory(traj, split_num)):
+            index = (self.rank * stages + stage) * split_num + j
+            channel.put((index, piece), key=str(index // per_actor), timeout=timeout)
 
     # ------------------------------------------------------------------ eval
 
     def evaluate(
-        self, obs_channel: Channel, action_channel: Channel, merged: bool = False, step: int = 0
+        self, obs_channel: Channel, action_channel: Channel, step: int = 0
     ) -> dict[str, list[float]]:
         """Runs the eval envs from their deterministic seeds with the rollout in eval mode.
 
@@ -426,38 +318,33 @@ class EnvWorker(Worker):
         """
         if not self.eval_envs:
             raise RuntimeError("env.eval is null: this run has no eval envs")
-        obs_channel, action_channel = self._links(obs_channel, action_channel, step, "eval")
+        link = self._link(obs_channel, action_channel, step, "eval")
         cfg = self.cfg
         assert cfg.env.eval is not None
-        timeout = cfg.runner.channel_timeout_s
         chunks = cfg.actor.model.num_action_chunks
         steps = chunk_steps(cfg.env.eval, self.eval_envs[0].spec, chunks)
-        episodes: dict[str, list[float]] = defaultdict(list)
-        streams = self._streams(self.eval_envs, [[s] for s in range(len(self.eval_envs))], merged)
+        report = _RolloutReport()
+        keys = [stream_key(self.rank, stage) for stage in range(len(self.eval_envs))]
         with self.worker_timer("evaluate"), torch.inference_mode():
-            for stream in streams:
-                outs = [env.reset(seed=cfg.env.eval.seed) for env in stream.envs]
-                obs_channel.put(
-                    obs_message(concat_env_outputs(outs)), key=stream.key, timeout=timeout
-                )
-            active = list(range(len(streams)))
+            # -- reset from the eval seeds
+            for env, key in zip(self.eval_envs, keys, strict=True):
+                link.send_obs(key, obs_message(env.reset(seed=cfg.env.eval.seed)))
+            # -- for t: act, step; a stage ends at the last step or once its episodes are over
+            active = list(range(len(self.eval_envs)))
             for t in range(steps):
-                for i in list(active):
-                    stream, key = streams[i], streams[i].key
-                    actions = action_channel.get(key=key, timeout=timeout)
-                    outs, metrics = stream.chunk_step(actions)
-                    for name, values in metrics.items():
-                        episodes[name].extend(values)
-                    out = concat_env_outputs(outs)
-                    over = not stream.auto_reset and bool(out.dones[:, -1].all())
+                for stage in list(active):
+                    env, key = self.eval_envs[stage], keys[stage]
+                    out, finished = env.chunk_step(link.recv_actions(key))
+                    report.record(finished, 0)
+                    over = not env.auto_reset and bool(out.dones[:, -1].all())
                     if over or t == steps - 1:
-                        obs_channel.put(None, key=key, timeout=timeout)
-                        active.remove(i)
+                        link.send_obs(key, None)
+                        active.remove(stage)
                     else:
-                        obs_channel.put(obs_message(out), key=key, timeout=timeout)
+                        link.send_obs(key, obs_message(out))
             for env in self.eval_envs:
                 env.flush_video()
-        return dict(episodes)
+        return dict(report.episodes)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -474,7 +361,6 @@ class EnvWorker(Worker):
         state: dict[str, Any] = {
             "step": step,
             "seed_epochs": list(self._seed_epochs),
-            "env_stages": self._env_stages,
         }
         try:
             state["envs"] = pickle.dumps((self.train_envs, self._last))
@@ -492,101 +378,62 @@ class EnvWorker(Worker):
         file = Path(path) / "env" / f"rank_{self.rank}.pt"
         state = torch.load(file, weights_only=False)
         stages = self.cfg.rollout.pipeline_stage_num
-        env_stages = state.get("env_stages", [[s] for s in range(len(state["seed_epochs"]))])
         envs_blob = state.get("envs")
         if envs_blob is not None:
             envs, last = pickle.loads(envs_blob)
-            if sum(len(held) for held in env_stages) == stages:
+            if len(envs) == stages:
                 self._close_train_envs()
                 self.train_envs, self._last = list(envs), list(last)
-                self._seed_epochs, self._env_stages = list(state["seed_epochs"]), env_stages
+                self._seed_epochs = list(state["seed_epochs"])
                 return int(state["step"])
-        # Not picklable: replay the reset-seed schedule on the saved layout; episodes restart.
-        if len(env_stages) == 1 < stages:  # saved after the stage trial chose merged
-            self.merge_train_stages()
-        else:
-            self.split_train_stages()
+        # Not picklable: replay the reset-seed schedule; episodes restart.
+        epochs = [int(epoch) for epoch in state["seed_epochs"]]
+        if len(epochs) != stages:
+            epochs = [max(epochs)] * stages
         for env in self.train_envs:
             env.reset(seed=self.cfg.env.train.seed)  # epoch 0 of the seed stream
-        self._seed_epochs = [0] * len(self.train_envs)
-        self._advance_seed_epochs([int(epoch) for epoch in state["seed_epochs"]])
-        self._last = [None] * len(self.train_envs)
+        self._seed_epochs = [0] * stages
+        self._advance_seed_epochs(epochs)
+        self._last = [None] * stages
         return int(state["step"])
 
 
-def _record(
-    builder: TrajectoryBuilder, policy_out: PolicyOutput, out: EnvOutput, alive: torch.Tensor
-) -> None:
-    """Adds one chunk step (its policy output, then the env's output) to a stream's trajectory."""
-    builder.add_policy_output(policy_out)
-    builder.add_chunk(out, alive)
-
-
-class _Deferred:
-    """A stream's chunk steps whose bookkeeping waits for the stream's end.
-
-    With the policy in the env process, the policy output of each chunk (its
-    logprobs, the ``PolicyOutput``) and the trajectory rows were computed right
-    after each simulator step, which leaves the caches cold; done in one pass at
-    the stream's end they cost about 40 us less per env step (of ~2.2 ms, one
-    by-hand run on the hot-path VM). The env outputs and alive masks are fresh
-    objects per step (envs never write a handed-out tensor), so keeping them
-    until then is safe.
-    """
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[Callable[[], PolicyOutput], EnvOutput, torch.Tensor]] = []
-
-    def add(
-        self, policy_out: Callable[[], PolicyOutput], out: EnvOutput, alive: torch.Tensor
-    ) -> None:
-        """Keeps one chunk step: its policy output (computed on call), env output and mask."""
-        self.steps.append((policy_out, out, alive))
-
-    def replay(self, builder: TrajectoryBuilder) -> int:
-        """Records the kept steps in order; returns their live env sub-steps."""
-        if not self.steps:
-            return 0
-        for policy_out, out, alive in self.steps:
-            _record(builder, policy_out(), out, alive)
-        live = int(torch.stack([alive for _, _, alive in self.steps]).sum())  # one count
-        self.steps.clear()
-        return live
-
-
+@dataclass
 class _Stream:
-    """The envs behind one stream key: one stage, or every stage of the rank merged.
+    """One train stage's stream during a rollout: its env, key and trajectory so far."""
 
-    Args:
-        envs: The envs, in stage order.
-        env_ids: Their indices in the rank's env list.
-        env_stages: The stages each env holds (one, or several once merged).
-        key: The stream's channel key.
-    """
+    stage: int
+    env: VectorEnv
+    key: str
+    builder: TrajectoryBuilder
+    sent_last: bool = False
+    """Its last observation went out: the next round finishes the stream."""
+    done: bool = False
+    """Its trajectory has shipped."""
 
-    def __init__(
-        self, envs: list[VectorEnv], env_ids: list[int], env_stages: list[list[int]], key: str
-    ) -> None:
-        self.envs, self.env_ids, self.env_stages, self.key = envs, env_ids, env_stages, key
-        self.stages = [stage for held in env_stages for stage in held]
-        self.sizes = [env.num_envs for env in envs]
-        self.num_envs = sum(self.sizes)
-        self.auto_reset = envs[0].auto_reset
 
-    def chunk_step(self, actions: torch.Tensor) -> tuple[list[EnvOutput], dict[str, list[float]]]:
-        """Steps each env by its rows of ``actions``; returns the outputs and episode metrics."""
-        outs: list[EnvOutput] = []
-        metrics: dict[str, list[float]] = defaultdict(list)
-        for env, part in zip(self.envs, split_rows(actions, self.sizes), strict=True):
-            out, finished = env.chunk_step(part)
-            outs.append(out)
-            for name, values in finished.items():
-                if len(values):  # most chunk steps finish no episode
-                    metrics[name].extend(values.tolist())
-        return outs, metrics
+@dataclass
+class _RolloutReport:
+    """What a rollout or eval counted: live env sub-steps, time in the envs, finished episodes."""
 
-    def last_alive_mask(self) -> torch.Tensor:
-        """[n, C] bool of the last chunk over the stream's envs."""
-        if len(self.envs) == 1:
-            return self.envs[0].last_alive_mask
-        return torch.cat([env.last_alive_mask for env in self.envs])
+    env_steps: int = 0
+    env_time: float = 0.0
+    episodes: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def record(self, finished: dict[str, torch.Tensor], env_steps: int) -> None:
+        """Adds one chunk step's live sub-steps and the metrics of the episodes it finished."""
+        self.env_steps += env_steps
+        for name, values in finished.items():
+            if len(values):  # most chunk steps finish no episode
+                self.episodes[name].extend(values.tolist())
+
+    def as_dict(self, host: PolicyHost | None) -> dict[str, Any]:
+        """:meth:`EnvWorker.interact`'s report (with ``infer_time`` of an in-process policy)."""
+        report: dict[str, Any] = {
+            "env_steps": self.env_steps,
+            "env_time": self.env_time,
+            "episodes": dict(self.episodes),
+        }
+        if host is not None:
+            report["infer_time"] = host.take_infer_time()
+        return report

@@ -7,10 +7,10 @@ actor's weight syncs and act through this class, so the two modes sample the
 same actions from the same seeds.
 
 :class:`InProcessPolicy` stands in for the observation and action channels of
-an env rank whose policy lives in its own process: a ``put`` of an
-observation acts at once, and the ``get`` calls return the action chunk and
-then (train mode) the complete :class:`~rlinf.core.protocols.embodied.PolicyOutput`,
-in the order the channels would deliver them.
+an env rank whose policy lives in its own process: sending an observation
+acts at once, and the receive calls return the action chunk and then (train
+mode) the full :class:`~rlinf.core.protocols.embodied.PolicyOutput`, in the
+order the channels would deliver them.
 """
 
 from __future__ import annotations
@@ -122,44 +122,28 @@ class PolicyHost:
             return self.load_sync(receive)
 
     def act(
-        self,
-        messages: list[ObsMessage],
-        mode: str,
-        generator: torch.Generator,
-        values: bool = True,
-    ) -> tuple[torch.Tensor, Callable[[], PolicyOutput] | None]:
-        """Samples the action chunk of a batch of observation messages.
+        self, messages: list[ObsMessage], mode: str, generator: torch.Generator
+    ) -> PolicyOutput:
+        """Acts on a batch of observation messages (one ``predict_action_batch`` call).
 
         Args:
             messages: The batch, in order (their rows are concatenated).
             mode: ``train`` samples; ``eval`` takes the deterministic action.
             generator: The sampling generator.
-            values: False: a policy with a separate value network leaves
-                ``prev_values`` None, for :meth:`values_of` to fill in one batch
-                (see :meth:`BasePolicy.predict_actions_first`).
 
         Returns:
-            ``(actions [n, C, A] on the CPU, complete)``: in train mode
-            ``complete()`` returns the full :class:`PolicyOutput` (values, and
+            On the CPU: in train mode the full :class:`PolicyOutput` (values, and
             ``bootstrap_values = V(final_obs)`` where the batch came with final
-            observations) stamped with the weight version; None in eval mode.
+            observations) stamped with the weight version; in eval mode only the
+            action chunk ``[n, C, A]``.
         """
         obs, final_obs = merge_observations(messages)
         started = time.perf_counter()
-        actions, complete = self.policy.predict_actions_first(
-            obs, mode=mode, generator=generator, values=values
-        )
-        if actions.device.type != "cpu":
-            actions = actions.cpu()
-        self.infer_time += time.perf_counter() - started
+        output = self.policy.predict_action_batch(obs, mode, generator=generator)
         if mode == "eval":
-            return actions, None
-
-        def finish() -> PolicyOutput:
-            started = time.perf_counter()
-            return self._stamp(complete(), final_obs, started)
-
-        return actions, finish
+            self.infer_time += time.perf_counter() - started
+            return PolicyOutput(actions=output.actions.cpu())
+        return self._stamp(output, final_obs, started)
 
     def values_only(self, messages: list[ObsMessage]) -> PolicyOutput:
         """The values a trajectory needs of a stream's last observation (see :class:`LastObs`).
@@ -191,17 +175,6 @@ class PolicyHost:
         self.infer_time += time.perf_counter() - started
         return result
 
-    def values_of(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Values ``[n, V]`` on the CPU of a batch of observations (timed with the policy's work).
-
-        Args:
-            obs: Observation entries (other entries, such as ``action``, are ignored).
-        """
-        started = time.perf_counter()
-        values = self.policy.get_value(obs).cpu()
-        self.infer_time += time.perf_counter() - started
-        return values
-
     def take_infer_time(self) -> float:
         """Seconds inside the policy since the last call (then restarts the count)."""
         seconds, self.infer_time = self.infer_time, 0.0
@@ -209,68 +182,53 @@ class PolicyHost:
 
 
 class InProcessPolicy:
-    """The observation/action channel pair of env streams whose policy is in this process.
+    """The :class:`~rlinf.embodied.workers.common.PolicyLink` of a policy in this process.
 
-    ``put(obs_message, key)`` acts on it at once; ``get(key)`` then returns the
-    action chunk, and in train mode a second ``get(key)`` the complete policy
-    output (computed then, as a rollout worker computes it while the env
-    steps). A :class:`~rlinf.embodied.workers.common.LastObs` gets one ``get``:
-    its values-only output. ``put(None, key)`` (a stream's end) does nothing.
+    ``send_obs(key, message)`` acts on it at once; ``recv_actions(key)`` then
+    returns the action chunk and, in train mode, ``recv_output(key)`` the full
+    policy output, in the order a rollout worker's channel delivers them. A
+    :class:`~rlinf.embodied.workers.common.LastObs` gets one answer, its
+    values-only output (``recv_output``). ``send_obs(key, None)`` (a stream's
+    end) does nothing.
 
     Args:
         host: The policy.
         mode: ``train`` or ``eval``.
         generator: The sampling generator of this rollout (see :func:`sampling_generator`).
-        defer_values: Leave ``prev_values`` None where the policy's values come
-            from a network of their own: nothing overlaps the env in this process,
-            so the env worker computes a stream's values in one batch at its end
-            (:class:`~rlinf.embodied.workers.trajectory.TrajectoryBuilder` with
-            ``values_of``) instead of one small call per chunk step.
     """
 
-    def __init__(
-        self,
-        host: PolicyHost,
-        mode: str,
-        generator: torch.Generator,
-        defer_values: bool = False,
-    ) -> None:
+    def __init__(self, host: PolicyHost, mode: str, generator: torch.Generator) -> None:
         self.host, self.mode, self.generator = host, mode, generator
-        self.values = not defer_values
         self._pending: defaultdict[str, deque[Any]] = defaultdict(deque)
 
-    def put(
-        self, item: ObsMessage | LastObs | None, key: str, timeout: float | None = None
-    ) -> None:
+    def send_obs(self, key: str, item: ObsMessage | LastObs | None) -> None:
         """Acts on an observation message of stream ``key`` (``None``: the stream ends)."""
         if item is None:
             return
         if isinstance(item, LastObs):
             self._pending[key].append(self.host.values_only([item.message]))
             return
-        actions, complete = self.host.act([item], self.mode, self.generator, self.values)
-        self._pending[key].append(actions)
-        if complete is not None:
-            self._pending[key].append(complete)
+        output = self.host.act([item], self.mode, self.generator)
+        self._pending[key].append(output.actions)
+        if self.mode == "train":
+            self._pending[key].append(output)
 
-    def get(self, key: str, timeout: float | None = None) -> Any:
-        """The next action chunk, or (train) complete policy output, of stream ``key``."""
-        item = self._next(key)
-        return item() if callable(item) else item
+    def recv_actions(self, key: str) -> torch.Tensor:
+        """The action chunk of the last observation sent on stream ``key``."""
+        actions: torch.Tensor = self._next(key)
+        return actions
 
-    def get_later(self, key: str) -> Callable[[], Any]:
-        """What :meth:`get` would return, as a function called later.
-
-        A complete policy output is computed only when the function is called (the
-        env worker calls them at the stream's end).
-        """
-        item = self._next(key)
-        return item if callable(item) else lambda: item
+    def recv_output(self, key: str) -> PolicyOutput:
+        """The full policy output (train mode) of the last observation sent on ``key``."""
+        output: PolicyOutput = self._next(key)
+        return output
 
     def _next(self, key: str) -> Any:
         pending = self._pending[key]
         if not pending:
-            raise RuntimeError(f"stream {key!r}: get() before put(): no observation to act on")
+            raise RuntimeError(
+                f"stream {key!r}: nothing to receive before send_obs(): no observation to act on"
+            )
         return pending.popleft()
 
 

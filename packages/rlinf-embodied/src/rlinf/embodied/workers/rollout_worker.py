@@ -3,11 +3,10 @@
 :meth:`MultiStepRolloutWorker.generate` loops over pipeline stages: for stage
 ``s`` it takes the next observation message of every served env rank's
 stage-``s`` stream (key ``"env_rank.s"``), acts on them in one batch, and sends
-each env rank its slice of the action chunk at once. In train mode it then
-completes the :class:`~rlinf.core.protocols.embodied.PolicyOutput` (the value
-head; ``bootstrap_values = V(final_obs)`` when the observation came with a
-``final_obs`` of envs that auto-reset) while the env steps, and sends each env
-rank its slice of that too. A stream's last train observation comes as a
+each env rank its slice of the action chunk. In train mode it then sends each
+env rank its slice of the full :class:`~rlinf.core.protocols.embodied.PolicyOutput`
+(values; ``bootstrap_values = V(final_obs)`` when the observation came with a
+``final_obs`` of envs that auto-reset). A stream's last train observation comes as a
 :class:`~rlinf.embodied.workers.common.LastObs`: it gets only its values. A
 stream ends when its env rank sends ``None``; ``generate`` returns when all
 have ended, so the same loop serves training rollouts and eval.
@@ -52,9 +51,8 @@ class MultiStepRolloutWorker(Worker):
     max_concurrent_calls = 1
     """Calls run on the main thread, one at a time (see :class:`~rlinf.sched.Worker`),
     as the env ranks' (:class:`~rlinf.embodied.workers.EnvWorker`). The runners send a
-    rollout rank one call at a time. With a rollout group, the PickCube MLP rollout
-    read 0.69-0.74x of the bare simulator with both at 1 against 0.64-0.67x at 8
-    (four alternating runs each on the 2-core VM)."""
+    rollout rank one call at a time. On the main thread, Ray's signal checks do not
+    take the GIL from the rollout loop (``benchmarks/notes/embodied_hot_path.md``)."""
 
     def __init__(self, cfg: EmbodiedConfig) -> None:
         super().__init__()
@@ -139,7 +137,6 @@ class MultiStepRolloutWorker(Worker):
         action_channel: Channel,
         step: int,
         mode: str = "train",
-        merged: bool = False,
     ) -> dict[str, Any]:
         """Serves the streams of its env ranks until every one has ended.
 
@@ -148,14 +145,13 @@ class MultiStepRolloutWorker(Worker):
             action_channel: Rollout -> env action chunks (and, in train mode, policy outputs).
             step: Global step (seeds the sampling, so resumed runs sample alike).
             mode: ``train`` samples actions; ``eval`` takes the deterministic action.
-            merged: The env ranks run their stages as one stream (key ``"rank.0"``).
 
         Returns:
             ``{"calls": policy calls, "infer_time": seconds inside the policy}``.
         """
         host = self._require_host()
         timeout = self.cfg.runner.channel_timeout_s
-        stages = 1 if merged else self.cfg.rollout.pipeline_stage_num
+        stages = self.cfg.rollout.pipeline_stage_num
         phase = self.device_phase(
             lock=self._offload, offload=self._offload, timeout=self.cfg.runner.step_timeout_s
         )
@@ -193,11 +189,11 @@ class MultiStepRolloutWorker(Worker):
         mode: str,
         generator: torch.Generator,
     ) -> None:
-        """Acts on the batch, sends the actions, then (train) the completed outputs.
+        """Acts on the batch, sends the actions, then (train) the full outputs.
 
         A batch of :class:`LastObs` only gets its values (no action is sampled);
         in a batch that mixes them with observations to act on, they get no action
-        chunk, only the complete output.
+        chunk, only the full output.
         """
         timeout = self.cfg.runner.channel_timeout_s
         host = self._require_host()
@@ -209,11 +205,11 @@ class MultiStepRolloutWorker(Worker):
             for key, out in zip(keys, outputs, strict=True):
                 action_channel.put(out, key=key, timeout=timeout)
             return
-        actions, complete = host.act(messages, mode, generator)
-        for key, part, is_last in zip(keys, split_rows(actions, sizes), last, strict=True):
+        output = host.act(messages, mode, generator)
+        for key, part, is_last in zip(keys, split_rows(output.actions, sizes), last, strict=True):
             if not is_last:
                 action_channel.put(part, key=key, timeout=timeout)
-        if complete is None:  # eval: env ranks only need the actions
+        if mode == "eval":  # env ranks only need the actions
             return
-        for key, out in zip(keys, split_policy_output(complete(), sizes), strict=True):
+        for key, out in zip(keys, split_policy_output(output, sizes), strict=True):
             action_channel.put(out, key=key, timeout=timeout)

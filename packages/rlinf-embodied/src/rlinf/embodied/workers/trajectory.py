@@ -12,12 +12,6 @@ implementation (see ``docs/embodied.md``):
   sub-step once the rollout has evaluated the final observation, i.e. when the
   next policy output of the stage arrives.
 
-With ``values_of`` (the policy in the env process, ``rollout.in_env_process``),
-policy outputs may come without ``prev_values``: :meth:`TrajectoryBuilder.finish`
-computes them all in one batch from the stored forward inputs, and settles the
-bootstraps that waited on them. With a rollout worker the value network runs
-while the env steps, so outputs come complete.
-
 With ``collect_next_obs`` (SAC), each chunk's ``forward_inputs`` also get
 ``next_<key>`` entries: the observation after the chunk, i.e. the episode's
 real final observation where it ended (``final_obs``), not the reset one, so
@@ -25,8 +19,6 @@ an off-policy critic can bootstrap from it on truncation.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -54,8 +46,6 @@ class TrajectoryBuilder:
         gamma: Discount used for the bootstrap.
         bootstrap_type: ``standard`` (truncations) or ``always`` (every end).
         collect_next_obs: Store ``next_<key>`` forward inputs (see the module docstring).
-        values_of: Values ``[m, V]`` of a batch of forward inputs: lets policy
-            outputs come without ``prev_values`` (see the module docstring).
     """
 
     def __init__(
@@ -65,7 +55,6 @@ class TrajectoryBuilder:
         gamma: float,
         bootstrap_type: str,
         collect_next_obs: bool = False,
-        values_of: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
     ) -> None:
         self.n, self.c = num_envs, num_chunks
         self.collect_next_obs = collect_next_obs
@@ -73,10 +62,7 @@ class TrajectoryBuilder:
         self.bootstrap_always = bootstrap_type == "always"
         self.actions: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
-        self.values: list[torch.Tensor | None] = []  # None: computed in finish()
-        self.values_of = values_of
-        self._waiting: list[tuple[int, torch.Tensor, torch.Tensor, int]] = []
-        """Bootstraps waiting for a deferred value row: (reward row, mask, column, value row)."""
+        self.values: list[torch.Tensor] = []
         self.forward_inputs: list[dict[str, torch.Tensor]] = []
         self.versions: list[int] = []
         self.rewards: list[torch.Tensor] = []
@@ -98,9 +84,6 @@ class TrajectoryBuilder:
             value = output.bootstrap_values[:, 0]
         elif output.prev_values is not None:
             value = output.prev_values[:, 0]  # held final obs (no auto-reset)
-        elif self.values_of is not None:  # held final obs, value deferred to finish()
-            self._waiting.append((len(self.rewards) - 1, mask, col, len(self.values)))
-            return
         else:
             return
         self._add_bootstrap(len(self.rewards) - 1, mask, col, value)
@@ -166,31 +149,11 @@ class TrajectoryBuilder:
         bootstrap = trunc | term if self.bootstrap_always else trunc
         self._pending = (bootstrap, col)
 
-    def _values_row(self, output: PolicyOutput) -> torch.Tensor | None:
-        if output.prev_values is not None:
-            return output.prev_values.to(torch.float32)
-        if self.values_of is None:
-            raise ValueError(
-                "a train policy output needs prev_values (or a TrajectoryBuilder with values_of)"
-            )
-        return None
-
-    def _fill_values(self) -> list[torch.Tensor]:
-        """The value rows, the deferred ones computed in one batch; settles waiting bootstraps."""
-        missing = [i for i, v in enumerate(self.values) if v is None]
-        values = list(self.values)
-        if missing:
-            assert self.values_of is not None  # _values_row let None in only with values_of
-            keys = [k for k in self.forward_inputs[missing[0]] if k != "action"]
-            batch = {k: torch.cat([self.forward_inputs[i][k] for i in missing]) for k in keys}
-            computed = torch.split(self.values_of(batch).to(torch.float32), self.n)
-            for i, computed_row in zip(missing, computed, strict=True):
-                values[i] = computed_row
-        filled = [v for v in values if v is not None]
-        for row, mask, col, at in self._waiting:
-            self._add_bootstrap(row, mask, col, filled[at][:, 0])
-        self._waiting = []
-        return filled
+    @staticmethod
+    def _values_row(output: PolicyOutput) -> torch.Tensor:
+        if output.prev_values is None:
+            raise ValueError("a train policy output needs prev_values")
+        return output.prev_values.to(torch.float32)
 
     def finish(
         self, final: PolicyOutput, group_ids: torch.Tensor, num_steps: int | None = None
@@ -213,12 +176,8 @@ class TrajectoryBuilder:
         t = len(self.rewards)
         if t == 0 or len(self.actions) != t:
             raise ValueError(f"inconsistent trajectory: {len(self.actions)} actions, {t} chunks")
-        self.forward_inputs.append(dict(final.forward_inputs))  # the final row's, for values_of
-        self.values.append(self._values_row(final))
-        values = self._fill_values()
-        final_values = values.pop()
-        self.forward_inputs.pop()
-        self.values.pop()
+        values = list(self.values)
+        final_values = self._values_row(final)
         if num_steps is not None and num_steps > t:
             zeroed = (self.actions, self.logprobs, self.rewards)
             zeroed_flags = (self.terminations, self.truncations, self.alive)
