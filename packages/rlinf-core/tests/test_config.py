@@ -28,6 +28,7 @@ from rlinf.core.config import (
     validate_config,
 )
 from rlinf.core.config import loader as loader_module
+from rlinf.core.config.schema import RunnerConfig
 
 MAIN = """\
 defaults:
@@ -119,7 +120,7 @@ def test_added_key_is_rejected_by_the_schema(conf: Path) -> None:
     issue = only_issue(err)
     assert issue.path == "runner.new"
     assert issue.message.startswith(
-        "unknown key 'new'; valid keys: allow_config_change, freeze_gc_heap, logger"
+        "unknown key 'new'; valid keys: allow_config_change, freeze_gc_heap, log_interval, logger"
     )
     assert issue.value == 1
     with pytest.raises(ConfigError) as err:
@@ -193,6 +194,8 @@ BAD_CASES = [
         10,
     ),
     ("runner:\n  max_steps: 0\n", "runner.max_steps", "use a positive number of steps, or -1", 0),
+    ("runner:\n  log_interval: 0\n", "runner.log_interval", "use a positive number of steps", 0),
+    ("runner:\n  log_interval: -3\n", "runner.log_interval", "runner.log_interval=-3 is not", -3),
     ("runner:\n  resume_dir: 5\n", "runner.resume_dir", "or Input should be 'auto'", 5),
     ("runner: 5\n", "runner", "valid dictionary or instance of RunnerConfig", 5),
 ]
@@ -452,3 +455,14 @@ def test_broken_schema_entry_point_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(loader_module, "entry_points", lambda group: [not_model])
     with pytest.raises(TypeError, match=r"'odd = pathlib:Path'.*not a pydantic model"):
         available_schemas()
+
+
+@pytest.mark.parametrize(
+    ("log_interval", "val_check_interval", "expected"),
+    [(5, 20, 5), (None, 20, 20), (None, -1, 10), (1, -1, 1)],
+)
+def test_summary_interval_defaults_to_the_eval_interval(
+    log_interval: int | None, val_check_interval: int, expected: int
+) -> None:
+    runner = RunnerConfig(log_interval=log_interval, val_check_interval=val_check_interval)
+    assert runner.summary_interval == expected

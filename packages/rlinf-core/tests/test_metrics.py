@@ -102,6 +102,18 @@ def test_console_every(tmp_path: Path, rlinf_caplog: pytest.LogCaptureFixture) -
     assert lines == ["step 2 | train: loss=2", "step 4 | train: loss=4"]
 
 
+def test_summarize_overrides_console_every(
+    tmp_path: Path, rlinf_caplog: pytest.LogCaptureFixture
+) -> None:
+    with MetricLogger(tmp_path, "run", backends=(), console_every=2) as m:
+        m.log({"train/loss": 1}, step=1, summarize=True)
+        m.log({"train/loss": 2}, step=2, summarize=False)
+        m.log({"train/loss": 3}, step=3)
+        m.log({"train/loss": 4}, step=4)
+    lines = [r.getMessage() for r in rlinf_caplog.records if r.name == "rlinf.metrics"]
+    assert lines == ["step 1 | train: loss=1", "step 4 | train: loss=4"]
+
+
 def test_console_off(tmp_path: Path, rlinf_caplog: pytest.LogCaptureFixture) -> None:
     with MetricLogger(tmp_path, "run", backends=(), console=False) as m:
         m.log({"train/loss": 1.0}, step=1)

@@ -4,7 +4,10 @@ Every logger handed out here is a child of the ``rlinf`` logger, which writes to
 stderr as ``2025-01-31 12:00:00 INFO message``. Its level comes from the
 ``RLINF_LOG_LEVEL`` environment variable (default ``INFO``). The ``rlinf`` logger
 does not propagate to the root logger, so a framework that configures the root
-logger (Hydra, Ray) does not print every message twice.
+logger (Hydra, Ray) does not print every message twice. While a progress bar is
+drawn in the process, a record clears the bar, prints on its own line and redraws
+the bar (what ``tqdm.contrib.logging.logging_redirect_tqdm`` does for the loggers
+it is given), so a line never starts in the middle of the bar.
 
 Example:
     >>> log = get_worker_logger("actor", 3)
@@ -21,6 +24,8 @@ import os
 import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
+
+from tqdm import tqdm
 
 __all__ = [
     "LEVEL_ENV_VAR",
@@ -43,12 +48,18 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
     """A stream handler that writes to whatever ``sys.stderr`` is when a record is emitted.
 
     Looking ``sys.stderr`` up late keeps the handler working when stderr is swapped
-    (pytest capture, ``contextlib.redirect_stderr``) after logging was set up.
+    (pytest capture, ``contextlib.redirect_stderr``) after logging was set up. While
+    tqdm bars are drawn, the record is written in tqdm's external write mode (as
+    ``tqdm.write`` does): the bars are cleared first and redrawn below the line.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
-        super().emit(record)
+        if not getattr(tqdm, "_instances", None):  # no bar drawn (disabled bars are not kept)
+            super().emit(record)
+            return
+        with tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
 
 
 def _parse_level(value: str, source: str) -> int:

@@ -348,7 +348,9 @@ class MetricLogger(ClosesOnExit):
         """Where TensorBoard event files go: ``log_path/experiment_name/tensorboard``."""
         return self.experiment_dir / "tensorboard"
 
-    def log(self, metrics: Mapping[str, object], step: int) -> None:
+    def log(
+        self, metrics: Mapping[str, object], step: int, *, summarize: bool | None = None
+    ) -> None:
         """Write scalar metrics for one step to every backend.
 
         Args:
@@ -356,6 +358,9 @@ class MetricLogger(ClosesOnExit):
                 (anything with ``.item()``). Use ``train/``, ``eval/``, ``env/``,
                 ``rollout/`` and ``time/`` prefixes to group them in the console summary.
             step: The global step.
+            summarize: Whether to print the console summary line for this step;
+                ``None`` prints it when ``console`` is on and ``step`` is a multiple
+                of ``console_every``.
 
         Raises:
             TypeError: If a value is not a real scalar; nothing is written then.
@@ -376,7 +381,9 @@ class MetricLogger(ClosesOnExit):
                 )
         for backend in self._backends:
             backend.log_scalars(values, step)
-        if self.console and values and step % self.console_every == 0:
+        if summarize is None:
+            summarize = self.console and step % self.console_every == 0
+        if summarize and values:
             self._logger.info(_summary_line(values, step))
 
     def flush(self) -> None:

@@ -9,6 +9,13 @@ We keep ``RLINF_PROGRESS`` because tqdm's ``TQDM_*`` variables (4.70.1, ``tqdm.u
 only change tqdm's default arguments, read once at import: the "only on a terminal" rule needs
 an explicit ``disable=``, which overrides them, and any non-empty ``TQDM_DISABLE`` means off.
 
+A training loop feeds a :class:`TrainingConsole` once per step instead: every metric
+goes to the metric logger's backends; on a terminal the bar shows the few numbers a
+person watches, and without one a one-line summary of every metric is printed every
+``summary_interval`` steps.
+Log records of the ``rlinf`` loggers clear the bar, print, and redraw it (see
+:mod:`rlinf.core.logging`), so a line never starts in the middle of the bar.
+
 Example:
     >>> with progress_bar(total=100, desc="train") as bar:  # doctest: +SKIP
     ...     for step in range(100):
@@ -17,24 +24,27 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any, TextIO, TypeVar
 
 from tqdm import tqdm
 
 from rlinf.core.closing import ClosesOnExit
-from rlinf.core.metrics import format_number
+from rlinf.core.metrics import MetricLogger, format_number
 
 __all__ = [
     "PROGRESS_ENV_VAR",
     "TQDM_DISABLE_ENV_VAR",
     "ProgressBar",
+    "TrainingConsole",
     "progress_bar",
     "progress_enabled",
     "rate_postfix",
     "track",
+    "training_console",
 ]
 
 PROGRESS_ENV_VAR = "RLINF_PROGRESS"
@@ -85,6 +95,15 @@ def rate_postfix(count: float, seconds: float, unit: str = "it") -> str:
     return f"{rate} {unit}/s"
 
 
+def _postfix_value(value: float | str) -> str:
+    """A postfix value as a person reads it: ``0.1234``, ``17650`` (not ``1.765e4``)."""
+    if isinstance(value, str):
+        return value
+    if math.isfinite(value) and abs(value) >= 1000:
+        return format_number(round(value))
+    return format_number(value)
+
+
 class ProgressBar(ClosesOnExit):
     """A tqdm bar whose ``update`` also sets compactly formatted postfix values.
 
@@ -115,10 +134,7 @@ class ProgressBar(ClosesOnExit):
         """
         if postfix and not self._bar.disable:
             self._bar.set_postfix_str(
-                ", ".join(
-                    f"{k}={v if isinstance(v, str) else format_number(v)}"
-                    for k, v in postfix.items()
-                ),
+                ", ".join(f"{k}={_postfix_value(v)}" for k, v in postfix.items()),
                 refresh=False,
             )
         self._n += n
@@ -194,3 +210,98 @@ def track(
         for item in iterable:
             yield item
             bar.update()
+
+
+class TrainingConsole(ClosesOnExit):
+    """What a person sees of a training loop, fed once per finished step.
+
+    Each :meth:`step` writes every metric to the metric logger's backends (TensorBoard,
+    W&B, SwanLab) and then shows the step in one of two ways:
+
+    - on a terminal, it advances the bar, whose postfix holds only the ``watch``
+      metrics; a watched metric keeps its last value until the next step that reports
+      it (eval results, for example, arrive every few steps);
+    - otherwise (CI, a log file) no bar is drawn, and the metric logger prints its
+      one-line summary of every metric when the step is a multiple of
+      ``summary_interval`` or the last one.
+
+    Create it with :func:`training_console`.
+
+    Args:
+        metrics: The run's metric logger.
+        bar: The bar to advance (disabled when the console is not a terminal).
+        total: The step the loop ends at.
+        watch: Postfix label to metric name, in display order, e.g.
+            ``{"return": "env/return", "loss": "train/actor/total_loss"}``.
+        summary_interval: Steps between summary lines (``runner.summary_interval``).
+
+    Raises:
+        ValueError: If ``summary_interval < 1``.
+    """
+
+    def __init__(
+        self,
+        metrics: MetricLogger,
+        bar: ProgressBar,
+        total: int,
+        watch: Mapping[str, str],
+        summary_interval: int,
+    ) -> None:
+        if summary_interval < 1:
+            raise ValueError(f"summary_interval must be >= 1, got {summary_interval}")
+        self.metrics = metrics
+        self.bar = bar
+        self.total = total
+        self.watch = dict(watch)
+        self.summary_interval = summary_interval
+        self._shown: dict[str, float | str] = {}
+
+    def step(self, metrics: Mapping[str, float], step: int) -> None:
+        """Records one finished step: backends, the summary line when due, the bar.
+
+        Args:
+            metrics: The step's metrics.
+            step: The global step just finished.
+        """
+        due = step % self.summary_interval == 0 or step == self.total
+        self.metrics.log(metrics, step, summarize=due and self.bar.disabled)
+        for label, key in self.watch.items():
+            if key in metrics:
+                self._shown[label] = metrics[key]
+        postfix = {label: self._shown[label] for label in self.watch if label in self._shown}
+        self.bar.update(1, **postfix)
+
+    def close(self) -> None:
+        """Closes the bar and flushes the metric logger; calling it again does nothing."""
+        self.bar.close()
+        self.metrics.flush()
+
+
+def training_console(
+    metrics: MetricLogger,
+    *,
+    total: int,
+    desc: str,
+    watch: Mapping[str, str],
+    summary_interval: int,
+    initial: int = 0,
+    disable: bool | None = None,
+    file: TextIO | None = None,
+) -> TrainingConsole:
+    """Create the console of a training loop: a bar of ``total`` steps and summary lines.
+
+    Args:
+        metrics: The run's metric logger.
+        total: The step the loop ends at.
+        desc: Label in front of the bar.
+        watch: See :class:`TrainingConsole`.
+        summary_interval: See :class:`TrainingConsole`.
+        initial: The step a resumed run continues from.
+        disable: See :func:`progress_bar`; by default the bar is drawn only on a terminal.
+        file: See :func:`progress_bar`.
+
+    Returns:
+        The console; use it as a context manager or call :meth:`TrainingConsole.close`.
+    """
+    bar = progress_bar(total, desc, unit="step", initial=initial, disable=disable, file=file)
+    return TrainingConsole(metrics, bar, total, watch, summary_interval)

@@ -60,8 +60,10 @@ class RunnerConfig(RLinfModel):
     val_check_interval: int = Field(-1, ge=-1, description="Evaluate every k steps; -1 disables.")
     log_interval: int | None = Field(
         None,
-        description="Print a one-line summary of every metric each k steps; null means "
-        f"val_check_interval, or {_DEFAULT_LOG_INTERVAL} when evaluation is off.",
+        description="Without a terminal (CI, a log file), print a one-line summary of every "
+        "metric each k steps and at the last; null means val_check_interval, or "
+        f"{_DEFAULT_LOG_INTERVAL} when evaluation is off. On a terminal a progress bar shows "
+        "the main numbers instead.",
     )
     resume_dir: Path | Literal["auto"] | None = Field(
         None, description="Checkpoint folder to resume from, 'auto' for the latest, or null."
