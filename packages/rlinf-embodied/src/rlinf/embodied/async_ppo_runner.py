@@ -53,14 +53,16 @@ from rlinf.core import startup
 from rlinf.core.config import ConfigError, ConfigIssue
 from rlinf.core.config.errors import NO_VALUE
 from rlinf.core.logging import get_logger
-from rlinf.core.progress import progress_bar
 from rlinf.embodied.config import EmbodiedConfig
-from rlinf.embodied.runner import EmbodiedRunner, _devices
+from rlinf.embodied.runner import _CONSOLE_WATCH, EmbodiedRunner, _devices
 from rlinf.sched import GroupFuture
 
 __all__ = ["AsyncPPORunner", "check_async_ppo_placement"]
 
 _log = get_logger("rlinf.embodied.async_ppo_runner")
+
+_ASYNC_CONSOLE_WATCH = {**_CONSOLE_WATCH, "staleness": "rollout/staleness_mean"}
+"""What the progress bar shows: the sync runner's numbers and the batches' staleness."""
 
 
 def check_async_ppo_placement(cfg: EmbodiedConfig, shared: bool) -> None:
@@ -152,7 +154,6 @@ class AsyncPPORunner(EmbodiedRunner):
         cfg = self.cfg.runner
         total = cfg.total_steps
         k = self.max_staleness
-        logger = self._res.logger
         _log.info(
             "async PPO: max_staleness %d (generation runs up to %d version(s) ahead); "
             "TensorBoard logs: %s",
@@ -161,9 +162,7 @@ class AsyncPPORunner(EmbodiedRunner):
             self.tensorboard_dir,
         )
         last = self._eval_before_train()
-        bar = progress_bar(
-            total=total, desc="embodied-async-ppo", unit="step", initial=self.global_step
-        )
+        console = self._console("embodied-async-ppo", _ASYNC_CONSOLE_WATCH)
         gen: tuple[list[GroupFuture], float] | None = None
         train: tuple[GroupFuture, float] | None = None
         ready = 0  # whole batches waiting in the actor channel
@@ -259,19 +258,10 @@ class AsyncPPORunner(EmbodiedRunner):
                 env_mark, time_mark, sync_s, wait_s = self.total_env_steps, now, 0.0, 0.0
                 if cfg.max_restarts > 0:
                     metrics["train/restarts"] = float(self.restarts)
-                logger.log(metrics, step=self.global_step)
-                postfix: dict[str, float | str] = {
-                    "env_steps_per_s": metrics["rollout/env_steps_per_s"],
-                    "staleness": metrics.get("rollout/staleness_mean", 0.0),
-                }
-                for key in ("env/return", "eval/return"):
-                    if key in metrics:
-                        postfix[key.replace("/", "_")] = metrics[key]
-                bar.update(1, **postfix)
+                console.step(metrics, self.global_step)
                 last = metrics
             if gen is not None:  # none is launched for steps past the last, but be safe
                 finish_generation()
         finally:
-            bar.close()
-            logger.flush()
+            console.close()
         return last

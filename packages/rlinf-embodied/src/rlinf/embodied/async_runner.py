@@ -38,7 +38,6 @@ from typing import Any
 from rlinf.core import startup
 from rlinf.core.config import ConfigError, ConfigIssue
 from rlinf.core.logging import get_logger
-from rlinf.core.progress import progress_bar
 from rlinf.core.protocols.embodied import EnvSpec
 from rlinf.core.protocols.workers import OffPolicyEmbodiedActorWorker
 from rlinf.embodied.runner import EmbodiedRunner, _episode_metrics
@@ -47,6 +46,15 @@ from rlinf.sched import GroupFuture
 __all__ = ["AsyncEmbodiedRunner", "env_gated", "update_lag_bound"]
 
 _log = get_logger("rlinf.embodied.async_runner")
+
+_SAC_CONSOLE_WATCH = {
+    "env_steps/s": "rollout/env_steps_per_s",
+    "return": "env/return",
+    "eval_return": "eval/return",
+    "q_loss": "train/q_loss",
+    "actor_loss": "train/actor_loss",
+}
+"""What the progress bar shows (label: metric); every metric goes to TensorBoard."""
 
 
 def update_lag_bound(
@@ -187,9 +195,7 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
             logger.log(last, step=0)
         self.update_rollout_weights()
         synced_updates = self.global_step * alg.updates_per_step
-        bar = progress_bar(
-            total=total, desc="embodied-async", unit="step", initial=self.global_step
-        )
+        console = self._console("embodied-async", _SAC_CONSOLE_WATCH)
         rollout: list[GroupFuture] | None = None
         train: GroupFuture | None = None
         finished: dict[str, float] | None = None
@@ -246,17 +252,8 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
                 mark_env, mark_time, gated_s = self.total_env_steps, now, 0.0
                 if self.cfg.runner.max_restarts > 0:
                     metrics["train/restarts"] = float(self.restarts)
-                logger.log(metrics, step=self.global_step)
-                postfix: dict[str, float | str] = {
-                    "env_steps": float(self.total_env_steps),
-                    "env_steps_per_s": metrics["rollout/env_steps_per_s"],
-                }
-                for key in ("env/return", "eval/return"):
-                    if key in metrics:
-                        postfix[key.replace("/", "_")] = metrics[key]
-                bar.update(1, **postfix)
+                console.step(metrics, self.global_step)
                 last = metrics
         finally:
-            bar.close()
-            logger.flush()
+            console.close()
         return last

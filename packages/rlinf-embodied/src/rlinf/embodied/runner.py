@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,7 +63,7 @@ from rlinf.core.checkpoint import (
 from rlinf.core.closing import ClosesOnExit
 from rlinf.core.heap import freeze_heap
 from rlinf.core.logging import get_logger
-from rlinf.core.progress import ProgressBar, progress_bar, rate_postfix
+from rlinf.core.progress import TrainingConsole, training_console
 from rlinf.core.protocols.workers import (
     EmbodiedActorWorker,
     EmbodiedEnvWorker,
@@ -87,6 +87,16 @@ from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 __all__ = ["EmbodiedRunner", "find_latest_checkpoint"]
 
 _log = get_logger("rlinf.embodied.runner")
+
+_CONSOLE_WATCH = {
+    "env_steps/s": "rollout/env_steps_per_s",
+    "return": "env/return",
+    "success": "env/success_once",
+    "eval_return": "eval/return",
+    "eval_success": "eval/success_once",
+    "loss": "train/actor/total_loss",
+}
+"""What the progress bar shows (label: metric); every metric goes to TensorBoard."""
 
 _POLL_S = 1.0
 """How often the async runners' wait for any unit looks at its futures (s)."""
@@ -445,6 +455,17 @@ class EmbodiedRunner(ClosesOnExit):
                 _log.info("first weight sync done in %.1f s", time.perf_counter() - start)
         return time.perf_counter() - start
 
+    def _console(self, desc: str, watch: Mapping[str, str] = _CONSOLE_WATCH) -> TrainingConsole:
+        """The loop's progress bar and summary lines (``runner.log_interval``)."""
+        return training_console(
+            self._res.logger,
+            total=self.cfg.runner.total_steps,
+            desc=desc,
+            watch=watch,
+            summary_interval=self.cfg.runner.summary_interval,
+            initial=self.global_step,
+        )
+
     def _eval_before_train(self) -> dict[str, float]:
         """Evaluates at step 0 when ``runner.val_before_train`` asks for it (logged at step 0)."""
         if not (
@@ -618,26 +639,19 @@ class EmbodiedRunner(ClosesOnExit):
         )
 
     def _run_attempt(self) -> dict[str, float]:
-        cfg = self.cfg.runner
-        total = cfg.total_steps
-        logger = self._res.logger
         _log.info(
             "TensorBoard logs: %s (tensorboard --logdir %s)",
             self.tensorboard_dir,
             self.tensorboard_dir,
         )
         last = self._eval_before_train()
-        bar = progress_bar(total=total, desc="embodied", unit="step", initial=self.global_step)
-        try:
-            while self.global_step < total:
-                last = self._step(bar)
-                logger.log(last, step=self.global_step)
-        finally:
-            bar.close()
-            logger.flush()
+        with self._console("embodied") as console:
+            while self.global_step < self.cfg.runner.total_steps:
+                last = self._step()
+                console.step(last, self.global_step)
         return last
 
-    def _step(self, bar: ProgressBar) -> dict[str, float]:
+    def _step(self) -> dict[str, float]:
         cfg = self.cfg.runner
         total = cfg.total_steps
         step_start = time.perf_counter()
@@ -665,17 +679,6 @@ class EmbodiedRunner(ClosesOnExit):
         if self.cfg.runner.max_restarts > 0:
             metrics["train/restarts"] = float(self.restarts)
         metrics["time/step"] = time.perf_counter() - step_start
-        postfix: dict[str, float | str] = {
-            "env": rate_postfix(
-                metrics["rollout/env_steps_per_s"] * metrics["time/generate_rollouts"],
-                metrics["time/generate_rollouts"],
-                "steps",
-            )
-        }
-        for key in ("env/return", "eval/return", "env/success_once"):
-            if key in metrics:
-                postfix[key.replace("/", "_")] = metrics[key]
-        bar.update(1, **postfix)
         return metrics
 
     def _due(self, last_step: bool) -> tuple[bool, bool]:

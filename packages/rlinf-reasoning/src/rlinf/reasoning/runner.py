@@ -37,7 +37,6 @@ regenerated) and logs ``rollout/staleness_*`` and ``rollout/dropped_stale_groups
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -58,7 +57,7 @@ from rlinf.core.checkpoint import (
 from rlinf.core.closing import ClosesOnExit
 from rlinf.core.heap import freeze_heap
 from rlinf.core.logging import get_logger
-from rlinf.core.progress import progress_bar, rate_postfix
+from rlinf.core.progress import training_console
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.protocols.workers import (
     ReasoningActorWorker,
@@ -87,6 +86,14 @@ from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
 
 _log = get_logger("rlinf.reasoning.runner")
+
+_CONSOLE_WATCH = {
+    "reward": "rollout/reward_scores",
+    "acc": "eval/accuracy",
+    "loss": "actor/final_loss",
+    "tokens/s": "train/tokens_per_s",
+}
+"""What the progress bar shows (label: metric); every metric goes to TensorBoard."""
 
 _TIMEOUT_HINT = "raise runner.step_timeout_s if the run is just slow; is a stage stuck?"
 
@@ -698,9 +705,14 @@ class ReasoningRunner(ClosesOnExit):
         started = startup.report()  # once per process: the first step begins
         if started is not None:
             _log.info(started[0])
-        with progress_bar(
-            total=self.total_steps, desc="GRPO", unit="step", initial=self.global_step
-        ) as bar:
+        with training_console(
+            logger,
+            total=self.total_steps,
+            desc="GRPO",
+            watch=_CONSOLE_WATCH,
+            summary_interval=cfg.runner.summary_interval,
+            initial=self.global_step,
+        ) as console:
             while self.global_step < self.total_steps:
                 metrics = self.train_step()
                 step = self.global_step
@@ -714,19 +726,9 @@ class ReasoningRunner(ClosesOnExit):
                     metrics["time/save"] = time.perf_counter() - t0
                 if cfg.runner.max_restarts > 0:
                     metrics["train/restarts"] = float(self.restarts)
-                logger.log(metrics, step=step)
+                console.step(metrics, step)
                 self.metrics_history.append(dict(metrics, step=float(step)))
                 last = metrics
-                postfix: dict[str, float | str] = {
-                    "reward": metrics.get("rollout/reward_scores", math.nan),
-                    "tok": rate_postfix(
-                        metrics["rollout/generated_tokens"], metrics["time/step"], "tok"
-                    ),
-                }
-                if "eval/accuracy" in metrics:
-                    postfix["acc"] = metrics["eval/accuracy"]
-                bar.update(1, **postfix)
-        logger.flush()
         return last
 
     # ------------------------------------------------------------------ checkpoints
