@@ -96,6 +96,11 @@ from rlinf.sched import Worker
 
 __all__ = ["EmbodiedFSDPActor", "batch_staleness", "proximal_logprobs"]
 
+# The step's largest |logprobs - old_logprobs| over valid entries (a max over micro-batches
+# and ranks, not a mean): 0 up to float noise when the actor re-scores exactly what the
+# rollout sampled.
+_LOGPROB_GAP = "actor/logprob_diff_max"
+
 
 @dataclasses.dataclass
 class _TrainData:
@@ -682,6 +687,7 @@ class EmbodiedFSDPActor(Worker):
         micro = cfg.actor.micro_batch_size
         accum = per_rank // micro
         means = MetricMeans()  # stays on the device until the step ends
+        gap = torch.zeros((), device=self.device)  # the largest |logprobs - old_logprobs|
         gradient_sync = getattr(model, "set_requires_gradient_sync", None)  # FSDPModule's
         skipped = 0
         for epoch in range(alg.update_epoch):
@@ -698,14 +704,19 @@ class EmbodiedFSDPActor(Worker):
                     if gradient_sync is not None:
                         gradient_sync(k == accum - 1)
                     idx = minibatch[k * micro : (k + 1) * micro]
-                    means.add(self._micro_step(model, data, idx, accum))
+                    step_metrics = self._micro_step(model, data, idx, accum)
+                    gap = torch.maximum(gap, step_metrics.pop(_LOGPROB_GAP))
+                    means.add(step_metrics)
                 # One optimizer step; a non-finite global norm skips it (counted).
                 reshard_fsdp(model)  # no gathered copy outlives the step
                 norms, stepped = clip_and_step(optimizer, cfg.actor.optim.clip_grad)
                 means.add(norms)
                 skipped += not stepped
         optimizer.zero_grad(set_to_none=True)
-        return self._train_metrics(optimizer, means, skipped, data)
+        metrics = self._train_metrics(optimizer, means, skipped, data)
+        gap = self._all_reduce(gap.to(torch.float64).reshape(1), op=dist.ReduceOp.MAX)
+        metrics[f"train/{_LOGPROB_GAP}"] = float(gap)
+        return metrics
 
     def _flatten(self, batch: RolloutBatch) -> _TrainData:
         """The batch as ``[T * B, ...]`` tensors on the device, gathered from every micro-step."""
@@ -804,6 +815,9 @@ class EmbodiedFSDPActor(Worker):
             )
             loss = loss + vloss
             metrics.update(value_metrics)
+        with torch.no_grad():  # |gap| >= 0: a 0 fill is a right masked max, also when empty
+            gap = (logprobs.detach().float() - data.old_logprobs[idx].float()).abs()
+            metrics[_LOGPROB_GAP] = torch.where(_widen(mask, width).bool(), gap, 0.0).max()
         if data.is_weights is not None:
             metrics["actor/is_weight_mean"] = masked_mean(
                 data.is_weights[idx], _widen(mask, width)
