@@ -178,7 +178,7 @@ def workload_config(log_path: Path, env_units: int, policy_units: int) -> Embodi
             f"actor.model.model_type=autoplace_policy_{policy_units}",
             "actor.global_batch_size=128",
             "actor.micro_batch_size=64",
-            "rollout.adaptive_stages=false",  # the model predicts pipelined stages
+            "rollout.in_env_process=false",  # a rollout group, as the model assumes
             "runner.val_check_interval=-1",
             f"runner.logger.log_path={log_path}",
             "runner.logger.logger_backends=[]",

@@ -38,22 +38,18 @@ one run (~1.5 min; skipped without ManiSkill or a Vulkan driver):
 - ``rollout in the env process vs bare simulator`` (target 0.8x, floor 0.2x):
   the same with ``rollout.in_env_process`` (the env rank runs the policy
   itself: no hand-offs, but the policy's work is on the env's thread), and its
-  time beyond ``chunk_step`` (info). This is what the ManiSkill MLP configs run
-  on a CPU machine (their ``in_env_process: auto``); the row above is their path
-  on GPUs, and the CPU path with ``in_env_process: false``.
+  time beyond ``chunk_step`` (info). The ManiSkill MLP configs run the row
+  above (``in_env_process: false``, their GPU layout); this one is their CPU
+  option (``in_env_process: true``).
 - the profile (info rows, no targets), the parts of one chunk step measured
   in this process on one thread under ``torch.inference_mode()`` (as the
   worker loops run them), each against the bare simulator step (median
   microseconds): our env wrapper's ``chunk_step`` (simulator
-  included); the policy's ``predict_actions_first`` (the actions, on the
-  env's critical path), the same right after a chunk step (as in a rollout:
-  the simulator step leaves the caches cold: on the 2-core VM it read
-  2.2-2.9x the warm time in three runs), and ``complete()`` (the logprobs and the
-  value head, which a rollout worker runs while the env steps); the value head
-  run once on a whole stream's ``T + 1`` observations, per env step (what the env process does with
-  ``rollout.in_env_process``, where nothing overlaps the env); pickling and
-  unpickling each message of a hop
-  (the observation message, the action chunk, the complete ``PolicyOutput``:
+  included); the policy's ``predict_action_batch`` (actions, logprobs and
+  values), and the same right after a chunk step (as in a rollout: the
+  simulator step leaves the caches cold); pickling and unpickling each
+  message of a hop
+  (the observation message, the action chunk, the full ``PolicyOutput``:
   what a channel hop does besides waking the other side); and the trajectory
   builder. What a rollout step costs beyond the sum of the critical parts is
   the channel hops' wake-ups and the worker loops.
@@ -116,7 +112,9 @@ def rollout_config(log_path: Path, in_env_process: bool = False) -> EmbodiedConf
             "runner.save_interval=-1",
         ],
     )
-    data["cluster"]["component_placement"] = PLACEMENT
+    # The policy in the env process places no rollout group.
+    placement = {"actor": 0, "env": 0} if in_env_process else PLACEMENT
+    data["cluster"]["component_placement"] = placement
     data["runner"]["logger"]["log_path"] = str(log_path)
     data["env"]["eval"] = None
     data["rollout"]["in_env_process"] = in_env_process
@@ -377,11 +375,11 @@ def _profile_parts(tmp_path: Path) -> dict[str, float]:
     message = obs_message(out)
 
     def predict() -> Any:
-        return policy.predict_actions_first(
+        return policy.predict_action_batch(
             merge_observations([message])[0], mode="train", generator=generator
         )
 
-    policy_out = predict()[1]()
+    policy_out = predict()
     builder = TrajectoryBuilder(1, 1, 0.8, "always")
     alive = env.last_alive_mask
 
@@ -389,7 +387,7 @@ def _profile_parts(tmp_path: Path) -> dict[str, float]:
         builder.add_policy_output(policy_out)
         builder.add_chunk(out, alive)
 
-    parts["policy predict_actions_first (critical)"] = _median_us(predict)
+    parts["policy predict_action_batch"] = _median_us(predict)
 
     def predict_after_chunk_step() -> float:
         env.chunk_step(actions)  # as in a rollout: the simulator step runs in between
@@ -398,15 +396,8 @@ def _profile_parts(tmp_path: Path) -> dict[str, float]:
         return time.perf_counter() - started
 
     after_step = [predict_after_chunk_step() for _ in range(300)]
-    parts["policy predict_actions_first right after a chunk step (in situ)"] = (
+    parts["policy predict_action_batch right after a chunk step (in situ)"] = (
         statistics.median(after_step[30:]) * 1e6
-    )
-    parts["policy complete(): logprobs and value head (overlap the env)"] = (
-        _median_us(lambda: predict()[1]()) - parts["policy predict_actions_first (critical)"]
-    )
-    stream_obs = {"states": out.obs["states"].repeat(STEPS + 1, 1)}  # one stream's T + 1 rows
-    parts["value head, one batch per stream (in the env process), per env step"] = (
-        _median_us(lambda: policy.get_value(stream_obs), rounds=100) / STEPS
     )
     parts["obs message pickle + unpickle"] = _median_us(lambda: loads(*dumps(obs_message(out))))
     parts["action chunk pickle + unpickle"] = _median_us(lambda: loads(*dumps(policy_out.actions)))

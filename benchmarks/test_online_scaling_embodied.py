@@ -4,8 +4,7 @@ Issue 20 item 2, embodied stack: after each rollout the actor grows onto the
 rollout's slot for the PPO update and shrinks back. CartPole PPO with the
 README config (``cartpole_ppo_mlp``: 16 envs x 128 chunk steps, 4 update
 epochs, minibatches of 512), shortened to ``STEPS`` steps per run and with the
-two pipeline stages (the config's default until issue 15 made it one) and the
-adaptive stage trial off (both modes pipelined); disaggregated actor: actor on
+two pipeline stages and a rollout group; disaggregated actor: actor on
 CPU slot 0, env and rollout on slot 1; one torch thread per worker (the
 embodied workers' setting). Two rows:
 
@@ -82,7 +81,7 @@ def _cfg(logs: Path, scaling: bool, name: str) -> EmbodiedConfig:
             "runner.val_check_interval=-1",
             "runner.save_interval=-1",
             "rollout.pipeline_stage_num=2",
-            "rollout.adaptive_stages=false",
+            "rollout.in_env_process=false",
         ],
     )
     data["cluster"]["component_placement"] = {"actor": 0, "env": 1, "rollout": 1}
