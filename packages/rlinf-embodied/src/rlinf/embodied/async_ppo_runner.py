@@ -46,6 +46,7 @@ times come with the step during which a generation finished.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,41 @@ def check_async_ppo_placement(cfg: EmbodiedConfig, shared: bool) -> None:
         )
 
 
+@dataclass
+class _InFlight:
+    """The driver's state between events: what runs, what is queued, the step's totals."""
+
+    generation: tuple[list[GroupFuture], float] | None = None
+    """The running generation's futures and start time."""
+    training: tuple[GroupFuture, float] | None = None
+    """The running actor step's future and start time."""
+    ready: int = 0
+    """Whole batches waiting in the actor channel."""
+    gen_metrics: dict[str, float] = field(default_factory=dict)
+    """The last finished generation's metrics, reported with the next step."""
+    env_mark: int = 0
+    time_mark: float = 0.0
+    sync_s: float = 0.0
+    wait_s: float = 0.0
+    idle_since: float | None = None
+    """Since when the actor waits for a batch (None while it trains)."""
+    drops_in_a_row: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Batches queued or in flight: generated, generating or training."""
+        return self.ready + (self.generation is not None) + (self.training is not None)
+
+    def running(self) -> list[list[GroupFuture]]:
+        """The calls in flight, one list per unit (generation, actor step)."""
+        units = []
+        if self.generation is not None:
+            units.append(self.generation[0])
+        if self.training is not None:
+            units.append([self.training[0]])
+        return units
+
+
 class AsyncPPORunner(EmbodiedRunner):
     """Drives async PPO/GRPO: generation of the next batch overlaps training on the last.
 
@@ -148,120 +184,134 @@ class AsyncPPORunner(EmbodiedRunner):
         ]
         return futures, time.perf_counter()
 
+    def _schedule(self, f: _InFlight) -> None:
+        """Syncs weights when both groups idle, then starts what may start now."""
+        total, k = self.cfg.runner.total_steps, self.max_staleness
+        # The newest weights go to the rollout while both groups are idle.
+        if f.generation is None and f.training is None and self._synced_version < self.global_step:
+            f.sync_s += self.update_rollout_weights()
+        target = self.global_step + f.outstanding  # the step that trains the next batch
+        if f.generation is None and target < total and self._synced_version >= target - k:
+            f.generation = self._launch_generation(target)
+        if f.training is None and f.ready > 0:
+            f.training = (
+                self.actor.train_next_batch(self._res.channels["actor"]),
+                time.perf_counter(),
+            )
+            f.ready -= 1
+            if f.idle_since is not None:
+                f.wait_s += time.perf_counter() - f.idle_since
+                f.idle_since = None
+
+    def _finish_generation(self, f: _InFlight) -> None:
+        """Waits for the running generation; its batch joins the queue."""
+        assert f.generation is not None
+        futures, started = f.generation
+        results = self._wait(futures)
+        f.generation = None
+        f.ready += 1
+        f.gen_metrics = self._rollout_metrics(results[0], results[1], time.perf_counter() - started)
+
+    def _finish_training(self, f: _InFlight) -> tuple[dict[str, float], float]:
+        """Collects the ended actor step: its metrics and its duration in seconds."""
+        assert f.training is not None
+        out = dict(self._wait([f.training[0]])[0][0])
+        train_s = time.perf_counter() - f.training[1]
+        f.training, f.idle_since = None, time.perf_counter()
+        self.dropped_batches = int(out.pop("rollout/dropped_batches", 0))
+        return out, train_s
+
+    def _note_dropped(self, out: dict[str, float], f: _InFlight) -> bool:
+        """Whether the actor dropped the batch as too stale (then the weights are resent)."""
+        if not out.pop("dropped", 0.0):
+            f.drops_in_a_row = 0
+            return False
+        k = self.max_staleness
+        _log.warning(
+            "step %d: dropped a batch of weight version %d (older than "
+            "algorithm.max_staleness=%d versions); resending the weights",
+            self.global_step,
+            int(out["rollout/trained_version"]),
+            k,
+        )
+        # The schedule never generates that far ahead, so the rollout's weights
+        # did not arrive: send them again before the next generation.
+        self._synced_version = -1
+        f.drops_in_a_row += 1
+        if f.drops_in_a_row > k + 2:
+            raise RuntimeError(
+                f"step {self.global_step}: {f.drops_in_a_row} batches in a row were "
+                f"older than algorithm.max_staleness={k} versions although the "
+                "weights were resent; the rollout does not load the actor's weights"
+            )
+        return True
+
+    def _add_throughput(self, metrics: dict[str, float], f: _InFlight) -> None:
+        """Adds the step's env throughput and times, and starts the next step's count."""
+        now = time.perf_counter()
+        metrics["rollout/env_steps"] = float(self.total_env_steps)
+        metrics["rollout/env_steps_per_s"] = (self.total_env_steps - f.env_mark) / max(
+            now - f.time_mark, 1e-9
+        )
+        metrics["time/step"] = now - f.time_mark
+        metrics["time/sync_weights"] = f.sync_s
+        metrics["time/wait_for_batch"] = f.wait_s
+        f.env_mark, f.time_mark, f.sync_s, f.wait_s = self.total_env_steps, now, 0.0, 0.0
+        if self.cfg.runner.max_restarts > 0:
+            metrics["train/restarts"] = float(self.restarts)
+
     # ------------------------------------------------------------------ the loop
 
     def _run_attempt(self) -> dict[str, float]:
         cfg = self.cfg.runner
         total = cfg.total_steps
-        k = self.max_staleness
         _log.info(
             "async PPO: max_staleness %d (generation runs up to %d version(s) ahead); "
             "TensorBoard logs: %s",
-            k,
-            k,
+            self.max_staleness,
+            self.max_staleness,
             self.tensorboard_dir,
         )
         last = self._eval_before_train()
         console = self._console("embodied-async-ppo", _ASYNC_CONSOLE_WATCH)
-        gen: tuple[list[GroupFuture], float] | None = None
-        train: tuple[GroupFuture, float] | None = None
-        ready = 0  # whole batches waiting in the actor channel
-        gen_metrics: dict[str, float] = {}
-        env_mark, time_mark = self.total_env_steps, time.perf_counter()
-        sync_s = wait_s = 0.0
-        idle_since: float | None = time.perf_counter()
-        drops_in_a_row = 0
-
-        def finish_generation() -> None:
-            nonlocal gen, ready, gen_metrics
-            assert gen is not None
-            futures, started = gen
-            results = self._wait(futures)
-            gen = None
-            ready += 1
-            gen_metrics = self._rollout_metrics(
-                results[0], results[1], time.perf_counter() - started
-            )
-
+        now = time.perf_counter()
+        f = _InFlight(env_mark=self.total_env_steps, time_mark=now, idle_since=now)
         try:
             while self.global_step < total:
                 reported = startup.report()
                 if reported is not None:
                     _log.info(reported[0])
-                # The newest weights go to the rollout while both groups are idle.
-                if gen is None and train is None and self._synced_version < self.global_step:
-                    sync_s += self.update_rollout_weights()
-                outstanding = ready + (gen is not None) + (train is not None)
-                target = self.global_step + outstanding  # the step that trains the next batch
-                if gen is None and target < total and self._synced_version >= target - k:
-                    gen = self._launch_generation(target)
-                if train is None and ready > 0:
-                    train = (
-                        self.actor.train_next_batch(self._res.channels["actor"]),
-                        time.perf_counter(),
-                    )
-                    ready -= 1
-                    if idle_since is not None:
-                        wait_s += time.perf_counter() - idle_since
-                        idle_since = None
-                units = [u for u in (gen[0] if gen else None, [train[0]] if train else None) if u]
-                self._wait_any(units, time.monotonic() + cfg.step_timeout_s)
-                if gen is not None and all(f.done() for f in gen[0]):
-                    finish_generation()
-                if train is None or not train[0].done():
+                # ---- start what may start: weight sync, generation, actor step
+                self._schedule(f)
+                # ---- wait for whichever ends first
+                self._wait_any(f.running(), time.monotonic() + cfg.step_timeout_s)
+                if f.generation is not None and all(x.done() for x in f.generation[0]):
+                    self._finish_generation(f)
+                if f.training is None or not f.training[0].done():
                     continue
-                out = dict(self._wait([train[0]])[0][0])
-                train_s = time.perf_counter() - train[1]
-                train, idle_since = None, time.perf_counter()
-                self.dropped_batches = int(out.pop("rollout/dropped_batches", 0))
-                if out.pop("dropped", 0.0):
-                    _log.warning(
-                        "step %d: dropped a batch of weight version %d (older than "
-                        "algorithm.max_staleness=%d versions); resending the weights",
-                        self.global_step,
-                        int(out["rollout/trained_version"]),
-                        k,
-                    )
-                    # The schedule never generates that far ahead, so the rollout's weights
-                    # did not arrive: send them again before the next generation.
-                    self._synced_version = -1
-                    drops_in_a_row += 1
-                    if drops_in_a_row > k + 2:
-                        raise RuntimeError(
-                            f"step {self.global_step}: {drops_in_a_row} batches in a row were "
-                            f"older than algorithm.max_staleness={k} versions although the "
-                            "weights were resent; the rollout does not load the actor's weights"
-                        )
+                # ---- an actor step ended: a dropped batch, or a trained one
+                out, train_s = self._finish_training(f)
+                if self._note_dropped(out, f):
                     continue
-                drops_in_a_row = 0
                 self.trained_versions.append(
                     (self.global_step, int(out["rollout/trained_version"]))
                 )
                 self.global_step += 1
+                # ---- step end: eval, checkpoint, metrics
                 step_end = self.global_step >= total
                 eval_due, save_due = self._due(step_end)
-                if (eval_due or save_due or step_end) and gen is not None:
-                    finish_generation()  # env and rollout must be idle
-                metrics = {**gen_metrics, **out}
-                gen_metrics = {}  # env/* and generation times: once per finished generation
+                if (eval_due or save_due or step_end) and f.generation is not None:
+                    self._finish_generation(f)  # env and rollout must be idle
+                metrics = {**f.gen_metrics, **out}
+                f.gen_metrics = {}  # env/* and generation times: once per finished generation
                 metrics["rollout/dropped_batches"] = float(self.dropped_batches)
                 metrics["time/actor_training"] = train_s
                 self._eval_and_save(metrics, eval_due, save_due)
-                now = time.perf_counter()
-                metrics["rollout/env_steps"] = float(self.total_env_steps)
-                metrics["rollout/env_steps_per_s"] = (self.total_env_steps - env_mark) / max(
-                    now - time_mark, 1e-9
-                )
-                metrics["time/step"] = now - time_mark
-                metrics["time/sync_weights"] = sync_s
-                metrics["time/wait_for_batch"] = wait_s
-                env_mark, time_mark, sync_s, wait_s = self.total_env_steps, now, 0.0, 0.0
-                if cfg.max_restarts > 0:
-                    metrics["train/restarts"] = float(self.restarts)
+                self._add_throughput(metrics, f)
                 console.step(metrics, self.global_step)
                 last = metrics
-            if gen is not None:  # none is launched for steps past the last, but be safe
-                finish_generation()
+            if f.generation is not None:  # none is launched for steps past the last, but be safe
+                self._finish_generation(f)
         finally:
             console.close()
         return last
