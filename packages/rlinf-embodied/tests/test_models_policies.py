@@ -372,6 +372,8 @@ def test_bad_inputs() -> None:
     obs = make_obs(spec)
     with pytest.raises(ValueError, match="mode='sample'"):
         policy.predict_action_batch(obs, mode="sample")
+    with pytest.raises(ValueError, match=r"mode='random' is not a mode of CNNPolicy"):
+        policy.predict_action_batch(obs, mode="random")  # (SAC's warm-up mode only)
     with pytest.raises(KeyError, match="main_images"):
         policy.predict_action_batch({"states": obs["states"]})
     with pytest.raises(ValueError, match="must be uint8"):

@@ -35,8 +35,6 @@ from rlinf.embodied.models.heads import (
 
 __all__ = ["ActorCriticPolicy", "BasePolicy"]
 
-_MODES = ("train", "eval")
-
 
 class BasePolicy(nn.Module, ABC):
     """Interface of every embodied policy.
@@ -55,6 +53,9 @@ class BasePolicy(nn.Module, ABC):
 
     supports_lora: ClassVar[bool] = False
     """Whether ``actor.model.lora`` applies to this policy (the VLAs)."""
+
+    _modes: ClassVar[tuple[str, ...]] = ("train", "eval")
+    """The ``mode`` values :meth:`predict_action_batch` accepts."""
 
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__()
@@ -122,10 +123,12 @@ class BasePolicy(nn.Module, ABC):
         """Dtype of the parameters (``cfg.precision``)."""
         return _first_parameter(self).dtype
 
-    @staticmethod
-    def _check_mode(mode: str) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode={mode!r} is not a policy mode; use 'train' or 'eval'")
+    def _check_mode(self, mode: str) -> None:
+        if mode not in self._modes:
+            raise ValueError(
+                f"mode={mode!r} is not a mode of {type(self).__name__}; use one of "
+                f"{list(self._modes)}"
+            )
 
     def _zero_values(self, batch: int, device: torch.device) -> Tensor:
         """Float32 zeros ``[batch, V]``: the values of a policy without a value head."""

@@ -39,8 +39,6 @@ _LOG_STD_MIN = -5.0
 _LOG_STD_MAX = 2.0
 """Largest ``log_std`` of the actor's Gaussian."""
 
-_SAC_MODES = ("train", "eval", "random")
-
 
 def _torch_default_init(_: nn.Module) -> None:
     """Keeps PyTorch's default Linear init (what reference SAC implementations use)."""
@@ -63,6 +61,8 @@ class SACPolicy(BasePolicy):
         ValueError: Discrete or unbounded actions, no state observations, or
             ``num_action_chunks`` != 1.
     """
+
+    _modes = ("train", "eval", "random")
 
     action_scale: Tensor
     action_bias: Tensor
@@ -181,8 +181,7 @@ class SACPolicy(BasePolicy):
         bounds. ``prev_logprobs`` ``[n, A]`` and ``prev_values`` are zeros (SAC does
         not use them); ``forward_inputs`` is ``{"states"}``.
         """
-        if mode not in _SAC_MODES:
-            raise ValueError(f"mode={mode!r} is not one of {_SAC_MODES}")
+        self._check_mode(mode)
         states = self._states(obs)
         n, a = states.shape[0], self.spec.action_dim
         if mode == "random":
