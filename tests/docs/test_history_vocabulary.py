@@ -27,7 +27,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 HISTORY = {
-    "a numbered pass": re.compile(r"\bpass(?:es)? \d+\b(?! (?:argument|value|item|byte)s?\b)", re.I),
+    "a numbered pass": re.compile(
+        r"\bpass(?:es)? \d+\b(?! (?:argument|value|item|byte)s?\b)", re.I
+    ),
     "'the session before'": re.compile(r"\bthe (?:session|run|pass) before\b", re.I),
     "'this pass/stop/session'": re.compile(r"\bthis (?:pass|stop|session)\b", re.I),
     "'earlier runs/stops'": re.compile(r"\bearlier (?:runs|stops|sessions|passes)\b", re.I),
