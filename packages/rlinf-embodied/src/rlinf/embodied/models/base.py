@@ -41,7 +41,8 @@ class BasePolicy(nn.Module, ABC):
 
     Subclasses are registered with :func:`~rlinf.embodied.models.register_policy`
     and built by :func:`~rlinf.embodied.models.build_policy`; their constructor
-    takes ``(cfg, spec)``.
+    takes ``(cfg, spec)``. A policy implements :meth:`predict_action_batch` (the
+    rollout's one call), :meth:`default_forward` (the actor's) and :meth:`get_value`.
 
     Args:
         cfg: The policy config.
