@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf.core import startup
@@ -106,6 +107,31 @@ def env_gated(
     return due - updates > bound
 
 
+@dataclass
+class _SACInFlight:
+    """The driver's state between events: what runs, the ended step, the step's totals."""
+
+    rollout: list[GroupFuture] | None = None
+    """The running rollout epoch (env and rollout futures)."""
+    train: GroupFuture | None = None
+    """The running actor step."""
+    finished: dict[str, float] | None = None
+    """An ended actor step's metrics, waiting for the step end (sync, eval, save)."""
+    episodes: list[dict[str, list[float]]] = field(default_factory=list)
+    mark_env: int = 0
+    mark_time: float = 0.0
+    gated_s: float = 0.0
+
+    def running(self) -> list[list[GroupFuture]]:
+        """The calls in flight, one list per unit (rollout epoch, actor step)."""
+        units = []
+        if self.rollout:
+            units.append(self.rollout)
+        if self.train is not None:
+            units.append([self.train])
+        return units
+
+
 class AsyncEmbodiedRunner(EmbodiedRunner):
     """Drives SAC: continuous rollout epochs, actor steps from the replay buffer.
 
@@ -175,12 +201,34 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         self._wait([self.actor.ingest(self._res.channels["actor"])])
         return super().save_checkpoint()
 
+    def _collect_rollout(self, f: _SACInFlight) -> None:
+        """Waits for the ended rollout epoch; counts its env steps and keeps its episodes."""
+        assert f.rollout is not None
+        results = self._wait(f.rollout)
+        f.rollout = None
+        self.total_env_steps += sum(int(r["env_steps"]) for r in results[0])
+        f.episodes.extend(r["episodes"] for r in results[0])
+
+    def _add_throughput(self, metrics: dict[str, float], f: _SACInFlight) -> None:
+        """Adds the step's episodes, env throughput and times; starts the next step's count."""
+        now = time.perf_counter()
+        metrics.update(_episode_metrics("env", f.episodes))
+        f.episodes = []
+        metrics["rollout/env_steps"] = float(self.total_env_steps)
+        metrics["rollout/env_steps_per_s"] = (self.total_env_steps - f.mark_env) / max(
+            now - f.mark_time, 1e-9
+        )
+        metrics["time/step"] = now - f.mark_time
+        metrics["time/env_gated"] = f.gated_s
+        f.mark_env, f.mark_time, f.gated_s = self.total_env_steps, now, 0.0
+        if self.cfg.runner.max_restarts > 0:
+            metrics["train/restarts"] = float(self.restarts)
+
     # ------------------------------------------------------------------ the loop
 
     def _run_attempt(self) -> dict[str, float]:
         cfg, alg = self.cfg.runner, self.cfg.algorithm
         total = cfg.total_steps
-        logger = self._res.logger
         _log.info(
             "async SAC: %d updates per step, replay_ratio %g, warm-up %d env steps; "
             "TensorBoard logs: %s",
@@ -192,66 +240,48 @@ class AsyncEmbodiedRunner(EmbodiedRunner):
         last: dict[str, float] = {}
         if cfg.val_before_train and self.cfg.env.eval is not None and self.global_step == 0:
             last = self.evaluate()
-            logger.log(last, step=0)
+            self._res.logger.log(last, step=0)
         self.update_rollout_weights()
         synced_updates = self.global_step * alg.updates_per_step
         console = self._console("embodied-async", _SAC_CONSOLE_WATCH)
-        rollout: list[GroupFuture] | None = None
-        train: GroupFuture | None = None
-        finished: dict[str, float] | None = None
-        episodes: list[dict[str, list[float]]] = []
-        mark_env, mark_time = self.total_env_steps, time.perf_counter()
-        gated_s = 0.0
+        f = _SACInFlight(mark_env=self.total_env_steps, mark_time=time.perf_counter())
         try:
             while self.global_step < total:
                 started = startup.report()
                 if started is not None:
                     _log.info(started[0])
-                if rollout is None and finished is None and not self._env_gated():
-                    rollout = self._launch_rollout()
-                if train is None and finished is None:
-                    train = self.actor.train_step(self._res.channels["actor"])
-                in_flight = [u for u in (rollout, None if train is None else [train]) if u]
-                if in_flight:
+                # ---- start a rollout epoch (unless gated) and an actor step
+                if f.rollout is None and f.finished is None and not self._env_gated():
+                    f.rollout = self._launch_rollout()
+                if f.train is None and f.finished is None:
+                    f.train = self.actor.train_step(self._res.channels["actor"])
+                # ---- wait for whichever ends first
+                if f.running():
                     waited = time.perf_counter()
-                    self._wait_any(in_flight, time.monotonic() + cfg.step_timeout_s)
-                    if rollout is None:
-                        gated_s += time.perf_counter() - waited
-                if rollout is not None and all(f.done() for f in rollout):
-                    results = self._wait(rollout)
-                    rollout = None
-                    self.total_env_steps += sum(int(r["env_steps"]) for r in results[0])
-                    episodes.extend(r["episodes"] for r in results[0])
-                if train is not None and train.done():
-                    finished = dict(self._wait([train])[0][0])
-                    train = None
+                    self._wait_any(f.running(), time.monotonic() + cfg.step_timeout_s)
+                    if f.rollout is None:
+                        f.gated_s += time.perf_counter() - waited
+                if f.rollout is not None and all(x.done() for x in f.rollout):
+                    self._collect_rollout(f)
+                if f.train is not None and f.train.done():
+                    f.finished = dict(self._wait([f.train])[0][0])
+                    f.train = None
                     self.global_step += 1
-                if finished is None:
+                if f.finished is None:
                     continue
+                # ---- step end: weight sync, eval, checkpoint, metrics
                 updates = self.global_step * alg.updates_per_step
                 step_end = self.global_step >= total
                 eval_due, save_due = self._due(step_end)
                 sync_due = updates - synced_updates >= alg.weight_sync_interval
-                if (eval_due or save_due or sync_due or step_end) and rollout is not None:
+                if (eval_due or save_due or sync_due or step_end) and f.rollout is not None:
                     continue  # the actor pauses until the rollout epoch ends
-                metrics = finished
-                finished = None
+                metrics, f.finished = f.finished, None
                 if sync_due or eval_due:
                     metrics["time/sync_weights"] = self.update_rollout_weights()
                     synced_updates = updates
                 self._eval_and_save(metrics, eval_due, save_due)
-                now = time.perf_counter()
-                metrics.update(_episode_metrics("env", episodes))
-                episodes = []
-                metrics["rollout/env_steps"] = float(self.total_env_steps)
-                metrics["rollout/env_steps_per_s"] = (self.total_env_steps - mark_env) / max(
-                    now - mark_time, 1e-9
-                )
-                metrics["time/step"] = now - mark_time
-                metrics["time/env_gated"] = gated_s
-                mark_env, mark_time, gated_s = self.total_env_steps, now, 0.0
-                if self.cfg.runner.max_restarts > 0:
-                    metrics["train/restarts"] = float(self.restarts)
+                self._add_throughput(metrics, f)
                 console.step(metrics, self.global_step)
                 last = metrics
         finally:
