@@ -81,6 +81,7 @@ def _cfg(logs: Path, mode: str, seed: int) -> EmbodiedConfig:
         ],
     )
     data["cluster"]["component_placement"] = DISAGG
+    data["rollout"]["in_env_process"] = False  # async PPO runs a rollout group
     return validate_config(data, EmbodiedConfig)
 
 

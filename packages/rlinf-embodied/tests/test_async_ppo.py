@@ -41,6 +41,7 @@ N = 64
 def cartpole(*overrides: str) -> EmbodiedConfig:
     data = compose_config("cartpole_ppo_mlp", CONFIG_DIR, list(overrides))
     data["cluster"]["component_placement"] = DISAGG
+    data["rollout"]["in_env_process"] = False  # async PPO runs a rollout group
     return validate_config(data, EmbodiedConfig)
 
 

@@ -98,6 +98,7 @@ def make_config(
         ],
     )
     data["cluster"]["component_placement"] = HYBRID
+    data["rollout"]["in_env_process"] = False  # the launched groups include a rollout group
     return validate_config(data, EmbodiedConfig)
 
 

@@ -92,6 +92,9 @@ def collocated_layout(slots: int) -> EmbodiedLayout:
 def candidate_config(cfg: EmbodiedConfig, layout: EmbodiedLayout, envs: int) -> EmbodiedConfig:
     """``cfg`` with the layout's placement and stages, and ``envs`` train envs in total.
 
+    Every candidate places a rollout group, so the candidate sets
+    ``rollout.in_env_process: false``.
+
     Args:
         cfg: The config auto-place was given.
         layout: The candidate placement.
@@ -113,6 +116,7 @@ def candidate_config(cfg: EmbodiedConfig, layout: EmbodiedLayout, envs: int) -> 
     data: dict[str, Any] = cfg.model_dump(mode="json")
     data["cluster"]["component_placement"] = layout.placement()
     data["rollout"]["pipeline_stage_num"] = layout.stages
+    data["rollout"]["in_env_process"] = False
     data["env"]["train"]["num_envs"] = envs // n_env
     out = validate_config(data, EmbodiedConfig)
     out.check_world_sizes(actor=layout.size("actor"), env=n_env, rollout=layout.size("rollout"))
