@@ -219,7 +219,7 @@ def test_training_step_checkpoint_and_restore(toy: Path, make_actor: Any, tmp_pa
             "loss_agg_mode": "seq-mean-token-mean",
         },
         {"adv_type": "reinforce_plus_plus", "reinpp_kl_beta": 0.05, "use_reinpp_baseline": True},
-        {"normalize_advantages": True, "update_epochs": 2},
+        {"normalize_advantages": True, "update_epoch": 2},
     ],
     ids=["kl-entropy-shuffle-dualclip", "reinforce++", "whiten-2epochs"],
 )
@@ -231,7 +231,7 @@ def test_loss_options_train(toy: Path, make_actor: Any, algorithm: dict[str, Any
     assert all(v == v and abs(v) < 1e6 for v in train.values()), train  # finite
     if algorithm.get("kl_beta"):
         assert "actor/kl_loss" in train and "actor/entropy_loss" in train
-    epochs = algorithm.get("update_epochs", 1)
+    epochs = algorithm.get("update_epoch", 1)
     assert actor.state_summary()["optim_steps"] == 2 * epochs
     # The first minibatch starts from the sampling weights: ratio 1 before any update.
     assert train["actor/logprob_diff_max"] < 1e-4
@@ -340,7 +340,7 @@ def test_first_minibatch_logprobs_come_from_its_training_forward(
     groups = _groups(toy, 1.0)[:4]
 
     def run(fuse: bool) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
-        cfg = _cfg(toy, n_minibatches=2, update_epochs=2, shuffle_rollout=shuffle)
+        cfg = _cfg(toy, n_minibatches=2, update_epoch=2, shuffle_rollout=shuffle)
         cfg.actor.micro_batch_size = 4
         actor = make_actor(cfg)
         assert actor._fuses_first_minibatch()  # the toy model has no dropout

@@ -9,7 +9,7 @@ Sections (``examples/reasoning/config/*.yaml`` show all of them)::
     data:       train_files, val_files, prompt/answer keys, max_prompt_length, ... (DataConfig)
     algorithm:  adv_type, group_size (G), rollout_batch_size (N prompts per step),
                 max_staleness (0 sync; k > 0 async GRPO, see docs/reasoning.md),
-                n_minibatches, update_epochs, loss options, kl_beta / kl_penalty,
+                n_minibatches, update_epoch, loss options, kl_beta / kl_penalty,
                 entropy_bonus, sampling_params, val_sampling_params
     rollout:    engine, model_path, dtype, groups_per_chunk, enable_offload
     actor:      training_backend (fsdp | megatron), model (tensor/pipeline parallel sizes),
@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlinf.core.config import RLinfModel, RunnerConfig
+from rlinf.core.config.schema import rename_deprecated_key
 from rlinf.reasoning.data.config import DataConfig
 from rlinf.reasoning.reward.config import RewardConfig
 from rlinf.sched.config import ClusterConfig
@@ -144,6 +145,11 @@ class SamplingConfig(RLinfModel):
 class AlgorithmConfig(RLinfModel):
     """The GRPO step and its loss (``algorithm``)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        return rename_deprecated_key(data, "algorithm", "update_epochs", "update_epoch")
+
     adv_type: Literal["grpo", "reinforce_plus_plus", "reinpp"] = Field(
         "grpo", description="Advantage estimator: grpo or reinforce_plus_plus (alias reinpp)."
     )
@@ -152,7 +158,7 @@ class AlgorithmConfig(RLinfModel):
     n_minibatches: int = Field(
         1, ge=1, description="Optimizer steps per pass over a step's N*G responses."
     )
-    update_epochs: int = Field(1, ge=1, description="Passes over each step's responses.")
+    update_epoch: int = Field(1, ge=1, description="Passes over each step's responses.")
     shuffle_rollout: bool = Field(
         False,
         description="Split a step's responses into minibatches in a seeded random order "

@@ -7,8 +7,9 @@ top-level schema under the ``rlinf.config_schemas`` entry-point group.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +21,36 @@ _DEFAULT_LOG_INTERVAL = 10
 
 def _default_backends() -> list[LoggerBackend]:
     return ["tensorboard"]
+
+
+def rename_deprecated_key(data: Any, section: str, old: str, new: str) -> Any:
+    """Maps a section's old key to its new name, with a ``DeprecationWarning``.
+
+    For a ``@model_validator(mode="before")`` of the section's model: a config
+    that sets ``old`` keeps working; one that sets both keys is refused.
+
+    Args:
+        data: The section's raw input (left as is unless a dict holding ``old``).
+        section: The section's dotted path, for the messages (e.g. ``algorithm``).
+        old: The deprecated key.
+        new: The key that replaces it.
+
+    Returns:
+        ``data``, with ``old`` moved to ``new`` when it was set.
+
+    Raises:
+        ValueError: Both ``old`` and ``new`` are set.
+    """
+    if not isinstance(data, dict) or old not in data:
+        return data
+    if new in data:
+        raise ValueError(f"{section}.{old} is the old name of {section}.{new}: set only {new}")
+    warnings.warn(
+        f"{section}.{old} is deprecated; use {section}.{new}", DeprecationWarning, stacklevel=2
+    )
+    data = dict(data)
+    data[new] = data.pop(old)
+    return data
 
 
 class RLinfModel(BaseModel):

@@ -184,7 +184,7 @@ class FSDPActor(Worker):
         self.temperature = cfg.algorithm.sampling_params.temperature
         self.ref_model: nn.Module | None = None
         alg = cfg.algorithm
-        self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epochs)
+        self.total_optim_steps = max(1, total_steps * alg.n_minibatches * alg.update_epoch)
         self.loss_fn = get_policy_loss(alg.loss_type)
         self.adv_fn = get_advantage(alg.adv_type)
         self._setup_scaling()
@@ -718,7 +718,7 @@ class FSDPActor(Worker):
             )
             feed.pull_what_cannot_stream()
             self.model.train()
-            for epoch in range(alg.update_epochs):
+            for epoch in range(alg.update_epoch):
                 order = feed.epoch_order(epoch)
                 for mb in range(alg.n_minibatches):
                     # --- gradient accumulation over the minibatch's micro-batches
