@@ -238,7 +238,7 @@ def test_weight_sync_is_bucketed_versioned_and_exact(disaggregated: dict[str, An
     versions = [s["actor"]["version"] for s in runner.sync_history]
     assert versions == sorted(versions) and versions[-1] == STEPS
     # After a sync the engine holds exactly the actor's current weights.
-    runner.sync_weights(runner.global_step)
+    runner.update_rollout_weights(runner.global_step)
     full = actor.full_weights().wait()[0]
     assert rollout.weights_max_abs_diff(full).wait() == [0.0]
     assert rollout.stats().wait()[0]["version"] == STEPS

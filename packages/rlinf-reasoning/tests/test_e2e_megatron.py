@@ -100,7 +100,7 @@ def _run(cfg: ReasoningConfig, cluster: Cluster, name: str, resume: Path | None 
         runner.run()
         summary = actor.state_summary().wait()
         # After a sync every rollout engine holds exactly the actor's current weights.
-        runner.sync_weights(runner.global_step)
+        runner.update_rollout_weights(runner.global_step)
         full = actor.full_weights().wait()[0]
         assert rollout.weights_max_abs_diff(full).wait() == [0.0, 0.0]
         return runner, summary

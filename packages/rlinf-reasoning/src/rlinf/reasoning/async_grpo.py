@@ -125,7 +125,7 @@ class AsyncPipeline:
             return
         runner = self.runner
         if runner.synced_version != step:
-            runner.sync_weights(step)
+            runner.update_rollout_weights(step)
         self._issued = step
         self._cursors.clear()
         self._streams = [

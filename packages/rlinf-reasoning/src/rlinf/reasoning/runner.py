@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -407,6 +408,15 @@ class ReasoningRunner(ClosesOnExit):
 
     # ------------------------------------------------------------------ sync
     def sync_weights(self, version: int) -> dict[str, Any]:
+        """Deprecated name of :meth:`update_rollout_weights`."""
+        warnings.warn(
+            "ReasoningRunner.sync_weights is deprecated; use update_rollout_weights",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.update_rollout_weights(version)
+
+    def update_rollout_weights(self, version: int) -> dict[str, Any]:
         """Pushes the actor's weights to every rollout rank as ``version`` (bucketed).
 
         Args:
@@ -461,7 +471,7 @@ class ReasoningRunner(ClosesOnExit):
         indices = self._next_indices()
         t_sync = 0.0
         if self.synced_version != step:
-            t_sync = self.sync_weights(step)["seconds"]
+            t_sync = self.update_rollout_weights(step)["seconds"]
         self._put_requests(indices, step)
         t_stages = time.perf_counter()
         scaling: dict[str, float] = {}
@@ -600,7 +610,7 @@ class ReasoningRunner(ClosesOnExit):
                 self._async.sync(version)
             self._async.wait_synced()
         elif self.synced_version != version:
-            self.sync_weights(version)
+            self.update_rollout_weights(version)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self) -> dict[str, float]:
