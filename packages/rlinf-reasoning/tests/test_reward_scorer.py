@@ -153,7 +153,6 @@ def test_context_manager_closes() -> None:
     assert pids and not any(alive(pid) for pid in pids)
 
 
-@pytest.mark.slow
 def test_spawn_context_leaves_no_children_at_all() -> None:
     def children() -> set[int]:
         me = str(os.getpid())
