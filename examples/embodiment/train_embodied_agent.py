@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             if runner is not None:
                 runner.close()
             for group in reversed(groups):
-                group.shutdown()
+                group.close()
             if cluster is not None:
-                cluster.shutdown()
+                cluster.close()
     if interrupted is not None:  # printed last: after the workers' forwarded output
         print("\n" + interrupted, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with interrupts_ignored():  # a second Ctrl-C must not cut the clean-up short
             if runner is not None:
-                runner.shutdown()
+                runner.close(groups=True)
             if cluster is not None:
-                cluster.shutdown()
+                cluster.close()
     if interrupted is not None:  # printed last: after the workers' forwarded output
         print("\n" + interrupted, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -355,7 +355,7 @@ def profile_embodied(
                 records = measure_steps(runner, steps)
         finally:
             for group in reversed(groups):
-                group.shutdown()
+                group.close()
     return profile_from_steps(records, n, rounds_per_rollout(pcfg))
 
 

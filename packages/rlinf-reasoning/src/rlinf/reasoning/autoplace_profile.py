@@ -161,7 +161,7 @@ def profile_reasoning(cfg: ReasoningConfig, *, steps: int = 3, slots: int) -> Re
                 runner.close()
         finally:
             for group in (actor, rollout, reward):
-                group.shutdown()
+                group.close()
     return profile_from_metrics(records, slots, stream_units(pcfg))
 
 

@@ -228,7 +228,7 @@ class ReasoningRunner(ClosesOnExit):
         runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
         runner.init_workers()
         runner.run()
-        runner.shutdown()
+        runner.close(groups=True)
     """
 
     def __init__(
@@ -795,7 +795,7 @@ class ReasoningRunner(ClosesOnExit):
         _log.info("resumed from %s at step %d", path, self.global_step)
         return self.global_step
 
-    # ------------------------------------------------------------------ shutdown
+    # ------------------------------------------------------------------ close
     def stop_streams(self) -> None:
         """Async mode: stops the background rollout and reward streams (idempotent).
 
@@ -805,11 +805,12 @@ class ReasoningRunner(ClosesOnExit):
         if self._async is not None:
             self._async.stop()
 
-    def close(self) -> None:
+    def close(self, groups: bool = False) -> None:
         """Closes the metric logger and removes the channels (idempotent).
 
-        The worker groups belong to the caller: shut them down afterwards (or
-        call :meth:`shutdown`, which does both).
+        Args:
+            groups: Also close the worker groups. They belong to the caller, so
+                by default (and when a ``with`` block ends) they stay up.
         """
         if self._async is not None and self._async.running:
             try:
@@ -818,17 +819,18 @@ class ReasoningRunner(ClosesOnExit):
                 _log.warning("stopping the async streams failed: %s", err)
                 self._async.abort()
         self._res.close()
-
-    def shutdown(self, groups: bool = True) -> None:
-        """:meth:`close`, then shuts the worker groups down (default).
-
-        Args:
-            groups: Also shut the worker groups down.
-        """
-        self.close()
         if groups:
             for group in (self.actor, self.rollout, self.reward):
-                group.shutdown()
+                group.close()
+
+    def shutdown(self, groups: bool = True) -> None:
+        """Deprecated: ``close(groups=True)``."""
+        warnings.warn(
+            "ReasoningRunner.shutdown is deprecated; use close(groups=True)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.close(groups=groups)
 
 
 def _check_model_dir(path: Path, key: str) -> None:

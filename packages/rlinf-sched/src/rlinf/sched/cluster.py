@@ -12,6 +12,7 @@ import os
 import socket
 import tempfile
 import time
+import warnings
 from typing import Any
 
 # Under `uv run`, Ray starts every worker through `uv run` with the project as
@@ -164,10 +165,10 @@ class Cluster(ClosesOnExit):
     # ----- lifetime ---------------------------------------------------------------
     @property
     def owns_ray(self) -> bool:
-        """Whether this object started Ray (and so stops it on shutdown)."""
+        """Whether this object started Ray (and so stops it on :meth:`close`)."""
         return self._owns_ray
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """Stops Ray if this object started it, releases the driver's channels, removes stale ones.
 
         In the driver (the process whose ``Cluster`` made the run's directory)
@@ -203,9 +204,14 @@ class Cluster(ClosesOnExit):
         if removed:
             _log.info("removed %d stale channel segment(s)", len(removed))
 
-    def close(self) -> None:
-        """:meth:`shutdown` (so that ``with Cluster(...) as c:`` shuts it down)."""
-        self.shutdown()
+    def shutdown(self) -> None:
+        """Deprecated name of :meth:`close`."""
+        warnings.warn(
+            "Cluster.shutdown is deprecated; use Cluster.close (or a with block)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.close()
 
     def __repr__(self) -> str:
         return (

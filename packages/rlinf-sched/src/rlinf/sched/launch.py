@@ -76,7 +76,7 @@ def relaunch_groups(groups: Sequence[WorkerGroup]) -> None:
         Exception: The first group that failed to start again (all are shut down).
     """
     for group in groups:
-        group.shutdown()
+        group.close()
     by_name = {group.name: group for group in groups}
     _all_or_none(list(by_name), list(groups), lambda name: by_name[name].relaunch())
 
@@ -113,6 +113,6 @@ def _all_or_none(
 def _shutdown(groups: list[WorkerGroup]) -> None:
     for group in groups:
         try:
-            group.shutdown()
+            group.close()
         except Exception as exc:  # the launch error is the one to report
             _log.warning("shutting %s down after a failed launch raised %r", group.name, exc)

@@ -17,7 +17,7 @@ name and contents, until
 (b) anyone calls :meth:`Channel.unlink` (the memory is freed when the last
     process holding the channel lets go; the creator pins nothing);
 (c) the creating process calls :func:`release_created_channels`
-    (``rlinf.sched.Cluster.shutdown()`` does, in the driver, for the run's
+    (``rlinf.sched.Cluster.close()`` does, in the driver, for the run's
     namespace); the names then go as in (a).
 
 Handles from :meth:`Channel.connect` (or from ``create(exist_ok=True)`` finding
@@ -160,7 +160,7 @@ def release_created_channels(namespace: str | None = None) -> int:
     this process created with :meth:`Channel.create` goes at once if no
     process holds it, else when its last holder lets go; the connections that
     keep channels created on other nodes (``address=``) are closed. Handles
-    still in use keep working. ``rlinf.sched.Cluster.shutdown()`` calls this
+    still in use keep working. ``rlinf.sched.Cluster.close()`` calls this
     for the run's namespace.
 
     Returns:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -364,7 +365,7 @@ class WorkerGroup:
         if timeout is not None:
             options["timeout"] = timeout
         world_size = len(self._placements)
-        self.shutdown()
+        self.close()
         _wait_until_names_free(options["name"], world_size, options["timeout"])
         return self.launch(**options)
 
@@ -445,6 +446,15 @@ class WorkerGroup:
         return call
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Deprecated name of :meth:`close`."""
+        warnings.warn(
+            "WorkerGroup.shutdown is deprecated; use WorkerGroup.close",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.close(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
         """Lets every rank release its channels, then kills its actor (idempotent).
 
         Args:

@@ -56,7 +56,7 @@ class Worker:
     an env worker). 1 runs every call on the main thread, one after another:
     for workers whose calls are hot loops and that are never sent a second call
     while one runs (the embodied env and rollout workers). A liveness check counts
-    a busy rank as alive, and ``shutdown`` kills a rank whose ``teardown`` does
+    a busy rank as alive, and ``close`` kills a rank whose ``teardown`` does
     not come in time.
     """
 
