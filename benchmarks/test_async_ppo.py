@@ -151,7 +151,7 @@ def test_async_vs_sync_ppo_time_to_475(tmp_path: Path, record_ratio: Callable[..
             results = {run: _time_to_threshold(cfgs[run], groups) for run in runs}
         finally:
             for group in groups:
-                group.shutdown()
+                group.close()
     for (mode, seed), (seconds, runner) in results.items():
         print(
             f"\n{mode} seed {seed}: eval return {runner.curve}, reached {THRESHOLD} at step "

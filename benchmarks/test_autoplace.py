@@ -227,7 +227,7 @@ def cluster_groups(
         finally:
             for launched in groups.values():
                 for group in launched:
-                    group.shutdown()
+                    group.close()
     if ray.is_initialized():
         ray.shutdown()
 

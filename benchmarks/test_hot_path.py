@@ -152,7 +152,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
             yield list(launched.values()), log_path
         finally:
             for group in launched.values():
-                group.shutdown()
+                group.close()
     if ray.is_initialized():
         ray.shutdown()
 

@@ -218,7 +218,7 @@ def test_online_scaling_megatron_step_time(
             finally:
                 runner.close()
                 for group in groups:
-                    group.shutdown()
+                    group.close()
             medians[mode] = statistics.median(m["time/step"] for m in steps[WARMUP:])
             scale_s += [m.get("time/scale_up", 0.0) + m.get("time/scale_down", 0.0) for m in steps]
             print(

@@ -134,7 +134,7 @@ def test_embodied_online_scaling_vs_static(
         finally:
             for group_set in groups.values():
                 for group in group_set:
-                    group.shutdown()
+                    group.close()
     static = statistics.median(step_times["static"])
     scaled = statistics.median(step_times["scaled"])
     print(

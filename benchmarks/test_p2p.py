@@ -81,8 +81,8 @@ def bench_pair():
         try:
             yield a, b
         finally:
-            a.shutdown()
-            b.shutdown()
+            a.close()
+            b.close()
     if ray.is_initialized():  # the Cluster attached to a Ray already running here: disconnect
         ray.shutdown()
 

@@ -204,7 +204,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Work
             yield unlaunched, log_path
         finally:
             for group in unlaunched:
-                group.shutdown()
+                group.close()
     if ray.is_initialized():  # the Cluster attached to a Ray already running here: disconnect
         ray.shutdown()
 

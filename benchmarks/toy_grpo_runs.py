@@ -77,7 +77,7 @@ def shutdown(groups: dict[str, Groups]) -> None:
     """Shuts every mode's groups down."""
     for group_set in groups.values():
         for group in group_set:
-            group.shutdown()
+            group.close()
 
 
 def time_to_gain(

@@ -60,12 +60,12 @@ def test_driver_channel_serves_two_groups_by_name_until_cluster_shutdown(monkeyp
             assert producers.produce("x", 20).wait(timeout=120) == [20]
             assert got.wait(timeout=120) == [list(range(20))]
         finally:
-            producers.shutdown()
-            consumers.shutdown()
+            producers.close()
+            consumers.close()
         # The workers' inboxes went with them; the driver still keeps its channel.
         assert left() == [f"rlinf.{namespace}.x"]
         assert Channel.connect("x").qsize("items") == 0
         gc.collect()
     finally:
-        cluster.shutdown()
+        cluster.close()
     assert left() == []

@@ -108,7 +108,7 @@ def two_nodes():
     try:
         yield cluster
     finally:
-        cluster.shutdown()
+        cluster.close()
         ray.shutdown()
         ray_cluster.shutdown()
 
@@ -161,8 +161,8 @@ def test_groups_across_nodes_send_both_ways(two_nodes) -> None:
         assert channel.address is not None, "the driver should reach node 1 over TCP"
         assert np.array_equal(channel.get(key="k", timeout=30), np.arange(5))
     finally:
-        near.shutdown()
-        far.shutdown()
+        near.close()
+        far.close()
 
 
 def test_process_groups_on_the_far_node_and_across_nodes(two_nodes) -> None:
@@ -184,8 +184,8 @@ def test_process_groups_on_the_far_node_and_across_nodes(two_nodes) -> None:
         assert far1.all_reduce_rank().wait(timeout=120) == [1.0, 1.0]
         assert span.all_reduce_rank().wait(timeout=120) == [1.0, 1.0]
     finally:
-        far1.shutdown()
-        span.shutdown()
+        far1.close()
+        span.close()
 
 
 @pytest.mark.skipif(
@@ -216,5 +216,5 @@ def test_p2p_across_nodes_over_ucx(two_nodes) -> None:
         assert near.execute_on(0).path_to("ucx-far", 0).wait() == ["ucx"]
         assert far.execute_on(0).path_to("ucx-near", 0).wait() == ["ucx"]
     finally:
-        near.shutdown()
-        far.shutdown()
+        near.close()
+        far.close()

@@ -111,7 +111,7 @@ def _launched_groups(
             yield launched
         finally:
             for group in launched:
-                group.shutdown()
+                group.close()
 
 
 @pytest.fixture(scope="session")

@@ -108,7 +108,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerGrou
             yield groups
         finally:
             for group in groups:
-                group.shutdown()
+                group.close()
 
 
 def scalars(tb_dir: Path, key: str) -> dict[int, float]:

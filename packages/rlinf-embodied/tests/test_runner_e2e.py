@@ -117,7 +117,7 @@ def launch(cluster: Cluster, cfg: EmbodiedConfig, prefix: str) -> list[WorkerGro
         errors = [f.exception() for f in futures]
     if any(errors):
         for group in unlaunched:
-            group.shutdown()
+            group.close()
         raise next(e for e in errors if e is not None)
     return unlaunched
 
@@ -137,7 +137,7 @@ def hybrid(
     groups = launch(cluster, cfg, "hybrid")
     yield groups
     for group in groups:
-        group.shutdown()
+        group.close()
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def collocated(
     groups = launch(cluster, cfg, "collocated")
     yield groups
     for group in groups:
-        group.shutdown()
+        group.close()
 
 
 def scalars(tb_dir: Path, key: str) -> dict[int, float]:
@@ -278,7 +278,7 @@ def test_same_config_trains_disaggregated(cluster: Cluster, tmp_path: Path) -> N
             metrics = runner.run()
     finally:
         for group in groups:
-            group.shutdown()
+            group.close()
     check_run(metrics, runner.tensorboard_dir, 1)
 
 
@@ -820,7 +820,7 @@ def test_token_vla_grpo_disaggregated(
         )
     finally:
         for group in groups:
-            group.shutdown()
+            group.close()
     # Three processes on three slots score the same tokens: every ratio is 1 at lr 0.
     assert abs(metrics["train/actor/ratio"] - 1.0) < 1e-5, metrics["train/actor/ratio"]
     assert metrics["train/actor/clip_fraction"] == 0.0

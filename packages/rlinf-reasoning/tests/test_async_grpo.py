@@ -152,7 +152,7 @@ def groups(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list
             yield [actor, rollout, reward]
         finally:
             for group in (actor, rollout, reward):
-                group.shutdown()
+                group.close()
 
 
 def _run(

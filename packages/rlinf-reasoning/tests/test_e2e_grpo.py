@@ -94,7 +94,7 @@ def env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         for _, *group_set in groups.values():
             for group in group_set:
-                group.shutdown()
+                group.close()
 
 
 def _cfg(
@@ -173,7 +173,7 @@ def disaggregated(env: dict[str, Any]) -> Iterator[dict[str, Any]]:
             "frozen": frozen,
         }
     finally:
-        runner.shutdown(groups=False)
+        runner.close()
 
 
 def _history(runner: ReasoningRunner, key: str) -> list[float]:
@@ -349,4 +349,4 @@ def test_same_config_trains_collocated(env: dict[str, Any], disaggregated: dict[
             _history(disagg, "rollout/reward_scores")[0]
         )
     finally:
-        runner.shutdown(groups=False)
+        runner.close()

@@ -97,7 +97,7 @@ def _learn(tmp_path: Path, overrides: list[str]) -> None:
             runner.run()
             train_time = time.perf_counter() - train_start
         finally:
-            runner.shutdown()
+            runner.close(groups=True)
     evals = [
         (int(m["step"]), m["eval/accuracy"]) for m in runner.metrics_history if "eval/accuracy" in m
     ]

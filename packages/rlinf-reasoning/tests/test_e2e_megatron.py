@@ -105,7 +105,7 @@ def _run(cfg: ReasoningConfig, cluster: Cluster, name: str, resume: Path | None 
         assert rollout.weights_max_abs_diff(full).wait() == [0.0, 0.0]
         return runner, summary
     finally:
-        runner.shutdown()
+        runner.close(groups=True)
 
 
 def test_megatron_tp2_trains_syncs_and_resumes(toy: Path, tmp_path: Path) -> None:

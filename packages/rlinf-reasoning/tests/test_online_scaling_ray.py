@@ -157,7 +157,7 @@ def setup(
             yield {"toy": toy, "logs": logs, "backend": backend, "groups": [actor, rollout, reward]}
         finally:
             for group in (actor, rollout, reward):
-                group.shutdown()
+                group.close()
 
 
 def test_online_scaling_run_logs_phases_and_survives_a_rank_killed_mid_reshard(
@@ -189,7 +189,7 @@ def test_online_scaling_run_logs_phases_and_survives_a_rank_killed_mid_reshard(
             )
         trained = runner.data_history[:KILL_AT]
     finally:
-        runner.shutdown(groups=False)
+        runner.close()
     for group in groups:
         group.relaunch()
     resumed = ReasoningRunner(
@@ -208,4 +208,4 @@ def test_online_scaling_run_logs_phases_and_survives_a_rank_killed_mid_reshard(
         ckpts = sorted(p.name for p in resumed.checkpoint_root.iterdir())
         assert ckpts == ["global_step_2", "global_step_4", "global_step_6"]
     finally:
-        resumed.shutdown(groups=False)
+        resumed.close()

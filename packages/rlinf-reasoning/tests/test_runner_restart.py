@@ -86,7 +86,7 @@ def groups(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list
             yield [actor, rollout, reward]
         finally:
             for group in (actor, rollout, reward):
-                group.shutdown()
+                group.close()
 
 
 def kill_after_checkpoint(marker: Path, group: WorkerGroup, rank: int) -> threading.Thread:
@@ -144,7 +144,7 @@ def test_a_killed_worker_is_relaunched_and_the_run_finishes(
         restarts = [m["train/restarts"] for m in runner.metrics_history]
         assert restarts[0] == 0.0 and restarts[-1] == 1.0
     finally:
-        runner.shutdown(groups=False)
+        runner.close()
 
 
 def test_without_restarts_a_killed_worker_ends_the_run(
@@ -161,6 +161,6 @@ def test_without_restarts_a_killed_worker_ends_the_run(
             runner.run()
         assert 2 <= runner.global_step < STEPS and runner.restarts == 0
     finally:
-        runner.shutdown(groups=False)
+        runner.close()
     for group in groups:  # leave live groups for whoever runs next
         group.relaunch()

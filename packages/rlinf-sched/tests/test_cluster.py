@@ -33,7 +33,7 @@ def test_starts_a_local_cluster_and_stops_it(no_ray) -> None:
         # A second Cluster (as a worker would build) attaches and leaves Ray running.
         inner = Cluster()
         assert not inner.owns_ray
-        inner.shutdown()
+        inner.close()
         assert ray.is_initialized()
     assert not ray.is_initialized()
 
@@ -83,4 +83,4 @@ def test_node_ranks_come_from_rlinf_node_rank(two_nodes) -> None:
         assert cluster.info.nodes[0].ray_node_id == worker.node_id
         assert cluster.info.node_groups["node"].node_ranks == (0, 1)
     finally:
-        cluster.shutdown()
+        cluster.close()

@@ -61,8 +61,8 @@ def collocated() -> Iterator[tuple[WorkerGroup, WorkerGroup]]:
         first = PhaseWorker.create_group().launch(cluster, slot, name="first")
         second = PhaseWorker.create_group().launch(cluster, slot, name="second")
         yield first, second
-        first.shutdown()
-        second.shutdown()
+        first.close()
+        second.close()
 
 
 def test_order_lock_onload_work_offload_release(collocated) -> None:

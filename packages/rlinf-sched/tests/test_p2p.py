@@ -92,8 +92,8 @@ def pair(cluster):
     a = Peer.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="a")
     b = Peer.create_group().launch(cluster, PackedPlacementStrategy(2, 2), name="b")
     yield a, b
-    a.shutdown()
-    b.shutdown()
+    a.close()
+    b.close()
 
 
 def test_objects_tensors_and_dataclasses_arrive_in_order(pair) -> None:
@@ -179,8 +179,8 @@ def test_a_killed_sender_is_reported_to_a_pending_recv(cluster) -> None:
             pending.wait(timeout=120)
         assert "PeerDiedError" in str(info.value)
     finally:
-        src.shutdown()
-        dst.shutdown()
+        src.close()
+        dst.close()
 
 
 def test_channels_by_name_from_workers_and_driver(pair) -> None:
@@ -205,8 +205,8 @@ def test_device_lock_serialises_collocated_phases(cluster) -> None:
             y.try_lock(0.5).wait(timeout=60)
         assert x.offload().wait() == [None] and x.onload().wait() == [None]
     finally:
-        x.shutdown()
-        y.shutdown()
+        x.close()
+        y.close()
 
 
 def test_default_timeout_env_is_validated(monkeypatch) -> None:
@@ -282,7 +282,7 @@ def test_three_groups_two_channels_pipelined(cluster) -> None:
         assert stage1.qsize(0) == stage2.qsize(1) == 0
     finally:
         for g in (producers, transformers, consumer):
-            g.shutdown()
+            g.close()
 
 
 def test_from_group_name_reattaches(pair) -> None:
@@ -317,5 +317,5 @@ def test_cuda_tensor_between_workers_on_one_gpu(cluster) -> None:
         device, values = got.wait(timeout=120)[0]
         assert device.startswith("cuda") and values == sent
     finally:
-        s.shutdown()
-        r.shutdown()
+        s.close()
+        r.close()

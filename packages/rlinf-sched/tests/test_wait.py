@@ -66,8 +66,8 @@ def pair(cluster: Cluster) -> Iterator[tuple[object, object]]:
     a = Sleeper.create_group().launch(cluster, PackedPlacementStrategy(0, 1), name="a")
     b = Sleeper.create_group().launch(cluster, PackedPlacementStrategy(2, 3), name="b")
     yield a, b
-    a.shutdown()
-    b.shutdown()
+    a.close()
+    b.close()
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_launch_says_what_it_waits_for(
 ) -> None:
     monkeypatch.setattr(group_module, "LAUNCH_REPORT_S", 0.3)
     group = Sleeper.create_group(1.5).launch(cluster, PackedPlacementStrategy(0, 1), name="slow")
-    group.shutdown()
+    group.close()
     lines = [r.getMessage() for r in rlinf_caplog.records if r.name == "rlinf.sched.group"]
     assert lines[0] == "launching slow x2 ..."
     assert any(line.startswith("still waiting for slow: ") for line in lines[1:-1]), lines
@@ -225,7 +225,7 @@ def test_launch_groups_starts_all_and_keeps_the_order(cluster: Cluster) -> None:
         ]
     finally:
         for group in groups.values():
-            group.shutdown()
+            group.close()
 
 
 def _name_freed(name: str, timeout: float = 60.0) -> bool:

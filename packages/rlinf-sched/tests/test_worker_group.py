@@ -107,7 +107,7 @@ def test_group_env_fan_out_futures_and_timers(cluster) -> None:
             gate.put("go", key=rank)
         assert fut.wait(timeout=120) == [0, 1, 2] and fut.done()
     finally:
-        group.shutdown()
+        group.close()
 
 
 async def _await(fut):
@@ -119,7 +119,7 @@ def test_torch_distributed_initialises_without_arguments(cluster) -> None:
     try:
         assert group.all_reduce().wait(timeout=120) == [3.0, 3.0]
     finally:
-        group.shutdown()
+        group.close()
 
 
 def test_a_raising_rank_is_named_with_its_traceback(cluster) -> None:
@@ -130,7 +130,7 @@ def test_a_raising_rank_is_named_with_its_traceback(cluster) -> None:
         assert "boom from rank 1" in str(info.value) and "ValueError" in str(info.value)
         assert group.times(1).wait() == [1, 2], "the group still works after a rank raised"
     finally:
-        group.shutdown()
+        group.close()
 
 
 def test_a_killed_rank_is_reported_quickly(cluster) -> None:
@@ -145,7 +145,7 @@ def test_a_killed_rank_is_reported_quickly(cluster) -> None:
         with pytest.raises(WorkerDiedError, match=r"victim\[rank 1\] died"):
             fut.wait(timeout=120)
     finally:
-        group.shutdown()
+        group.close()
 
 
 def test_bad_names_and_calls(cluster) -> None:
@@ -184,8 +184,8 @@ def test_max_concurrent_calls_pool_or_main_thread(cluster) -> None:
         serial_gate.put("go", key=0)
         assert held.wait(timeout=120) == [0] and queued.wait(timeout=120) == [1]
     finally:
-        pooled.shutdown()
-        serial.shutdown()
+        pooled.close()
+        serial.close()
 
 
 def test_bad_max_concurrent_calls_is_refused() -> None:

@@ -86,7 +86,7 @@ def test_grpo_with_the_vllm_engine_raises_held_out_accuracy_by_15_points(
             runner.init_workers()
             runner.run()
         finally:
-            runner.shutdown()
+            runner.close(groups=True)
     evals = [
         (int(m["step"]), m["eval/accuracy"]) for m in runner.metrics_history if "eval/accuracy" in m
     ]
