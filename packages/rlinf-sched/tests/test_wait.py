@@ -198,7 +198,7 @@ def test_await_fails_fast_and_keeps_rank_order(pair) -> None:
 def test_launch_says_what_it_waits_for(
     cluster: Cluster, rlinf_caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(group_module, "LAUNCH_REPORT_S", 0.3)
+    monkeypatch.setattr(group_module, "_LAUNCH_REPORT_S", 0.3)
     group = Sleeper.create_group(1.5).launch(cluster, PackedPlacementStrategy(0, 1), name="slow")
     group.close()
     lines = [r.getMessage() for r in rlinf_caplog.records if r.name == "rlinf.sched.group"]

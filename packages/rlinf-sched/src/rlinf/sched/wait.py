@@ -26,11 +26,11 @@ from typing import Any
 import ray
 
 from rlinf.core.logging import get_logger
-from rlinf.sched.worker.group import DEFAULT_TIMEOUT_S, GroupFuture
+from rlinf.sched.worker.group import _DEFAULT_TIMEOUT_S, GroupFuture
 
 __all__ = ["wait_all", "wait_for_progress"]
 
-DISCARD_TIMEOUT_S = 5.0
+_DISCARD_TIMEOUT_S = 5.0
 """After ``on_error``, how long the calls still running get to end before they are dropped."""
 
 _log = get_logger("rlinf.sched.wait")
@@ -38,7 +38,7 @@ _log = get_logger("rlinf.sched.wait")
 
 def wait_all(
     futures: Sequence[GroupFuture],
-    timeout: float | None = DEFAULT_TIMEOUT_S,
+    timeout: float | None = _DEFAULT_TIMEOUT_S,
     on_error: Callable[[], object] | None = None,
     *,
     hint: str = "pass a larger timeout",
@@ -53,7 +53,7 @@ def wait_all(
             a bound (a dead rank still ends the wait: Ray reports it in seconds).
         on_error: Runs once, before the error propagates, on a failure, a
             timeout or Ctrl-C (e.g. closes channels to wake blocked ranks). The
-            calls still running then get up to ``DISCARD_TIMEOUT_S`` to end,
+            calls still running then get a few seconds to end,
             and their outcomes are dropped (so Ray does not print them later).
             Without ``on_error`` they are left running.
         hint: What to do about a timeout; ends the ``TimeoutError``'s message.
@@ -135,7 +135,7 @@ def _run_on_error(on_error: Callable[[], object], pending: list[Any]) -> None:
         on_error()
     except Exception as exc:  # the original failure is the one to report
         _log.warning("wait_all: on_error raised %r (ignored)", exc)
-    _discard(pending, DISCARD_TIMEOUT_S)
+    _discard(pending, _DISCARD_TIMEOUT_S)
 
 
 def wait_for_progress(futures: Sequence[GroupFuture], timeout: float) -> None:

@@ -58,12 +58,11 @@ Equivalence (:func:`is_equiv`), in order:
 
 Adversarial input: every step is linear in the input except step 3, which is skipped
 (the pair is "not equal" unless an earlier step matched) for answers over
-:data:`MAX_SYMBOLIC_CHARS` characters, nested deeper than :data:`MAX_SYMBOLIC_DEPTH`,
-with a numeric power tower (``10^{10^{10}}``), a numeric exponent over
-:data:`MAX_NUMERIC_EXPONENT`, or a factorial or binomial of a large number. These guards
-are heuristics; :class:`~rlinf.reasoning.reward.MathRewardScorer` adds a hard timeout
-in a separate process. Answers over :data:`MAX_ANSWER_CHARS` characters are compared as
-whitespace-stripped strings only.
+400 characters, nested deeper than 16 levels, with a numeric power tower
+(``10^{10^{10}}``), a numeric exponent over 10,000, or a factorial or binomial of a
+large number. These guards are heuristics;
+:class:`~rlinf.reasoning.reward.MathRewardScorer` adds a hard timeout in a separate
+process. Answers over 1,000 characters are compared as whitespace-stripped strings only.
 """
 
 from __future__ import annotations
@@ -75,10 +74,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 __all__ = [
-    "MAX_ANSWER_CHARS",
-    "MAX_NUMERIC_EXPONENT",
-    "MAX_SYMBOLIC_CHARS",
-    "MAX_SYMBOLIC_DEPTH",
     "extract_boxed_answer",
     "is_equiv",
     "normalize_answer",
@@ -86,16 +81,16 @@ __all__ = [
     "verify",
 ]
 
-MAX_ANSWER_CHARS = 1000
+_MAX_ANSWER_CHARS = 1000
 """Longer answers are compared as stripped strings only (no normalisation, no math)."""
 
-MAX_SYMBOLIC_CHARS = 400
+_MAX_SYMBOLIC_CHARS = 400
 """Longer answers skip the symbolic (math-verify) step."""
 
-MAX_SYMBOLIC_DEPTH = 16
+_MAX_SYMBOLIC_DEPTH = 16
 """Answers nested deeper (braces, brackets, parentheses) skip the symbolic step."""
 
-MAX_NUMERIC_EXPONENT = 10_000
+_MAX_NUMERIC_EXPONENT = 10_000
 """A numeric exponent above this (``2^{100000}``) makes the symbolic step skip the answer."""
 
 _MAX_DECIMAL_EXPONENT = 400  # 1e400 or 10^{400} is still parsed as an exact number
@@ -285,14 +280,14 @@ def normalize_answer(answer: str) -> str:
 
     Returns:
         The canonical form, e.g. ``"\\frac{1}{2}"``. Answers longer than
-        :data:`MAX_ANSWER_CHARS` are only stripped of surrounding whitespace.
+        1,000 characters are only stripped of surrounding whitespace.
 
     Example:
         >>> normalize_answer(r"$\dfrac{1}{2}$.")
         '\\frac{1}{2}'
     """
     s = answer.strip()
-    if len(s) > MAX_ANSWER_CHARS:
+    if len(s) > _MAX_ANSWER_CHARS:
         return s
     # Latex spacing (\, \! \quad ...), keeping "\\" row breaks intact.
     s = _SPACING_RE.sub(" ", s.replace("\\\\", "\x01")).replace("\x01", "\\\\")
@@ -404,7 +399,7 @@ _NUMERIC_OPERATORS_RE = re.compile(r"\\(?:cdot|times|frac|left|right|div)(?![A-Z
 
 def _symbolic_safe(s: str) -> bool:
     """Whether sympy may see ``s`` without risk of a huge evaluation (a heuristic)."""
-    if len(s) > MAX_SYMBOLIC_CHARS or _max_depth(s) > MAX_SYMBOLIC_DEPTH:
+    if len(s) > _MAX_SYMBOLIC_CHARS or _max_depth(s) > _MAX_SYMBOLIC_DEPTH:
         return False
     for m in re.finditer(r"\^|\*\*", s):
         exponent, after = _exponent_at(s, m.end())
@@ -415,7 +410,7 @@ def _symbolic_safe(s: str) -> bool:
         product = 1
         for digits in re.findall(r"\d+", exponent):
             product *= max(int(digits), 1)
-            if product > MAX_NUMERIC_EXPONENT:
+            if product > _MAX_NUMERIC_EXPONENT:
                 return False
     for m in re.finditer(r"(\d+)\s*!", s):
         if len(m.group(1)) > 4 or int(m.group(1)) > 1000:
@@ -479,7 +474,7 @@ def _equiv(
         return False
     if pred_norm == ref_norm:
         return True
-    if max(len(pred_norm), len(ref_norm)) > MAX_ANSWER_CHARS:
+    if max(len(pred_norm), len(ref_norm)) > _MAX_ANSWER_CHARS:
         return False
     num_pred, num_ref = _parse_number(pred_norm), _parse_number(ref_norm)
     if num_pred is not None and num_ref is not None:

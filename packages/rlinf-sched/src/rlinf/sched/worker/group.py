@@ -26,10 +26,10 @@ from rlinf.sched.worker.worker import Worker
 
 __all__ = ["GroupFuture", "WorkerDiedError", "WorkerError", "WorkerGroup"]
 
-DEFAULT_TIMEOUT_S = 600.0
+_DEFAULT_TIMEOUT_S = 600.0
 """Default bound of ``GroupFuture.wait()`` when no timeout is given."""
 
-LAUNCH_REPORT_S = 20.0
+_LAUNCH_REPORT_S = 20.0
 """While a launch waits for its ranks, a "still waiting" line this often."""
 
 _log = get_logger("rlinf.sched.group")
@@ -94,7 +94,7 @@ class GroupFuture:
         ready, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout)
         return len(ready) == len(self._refs)
 
-    def wait(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[Any]:
+    def wait(self, timeout: float | None = _DEFAULT_TIMEOUT_S) -> list[Any]:
         """Results in rank order; :func:`rlinf.sched.wait_all` of this one future.
 
         Args:
@@ -311,7 +311,7 @@ class WorkerGroup:
             timeout,
             hint="is the machine overloaded? pass a larger timeout to launch()",
             progress=report,
-            progress_every=LAUNCH_REPORT_S,
+            progress_every=_LAUNCH_REPORT_S,
         )
 
     @classmethod
