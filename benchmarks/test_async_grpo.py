@@ -29,9 +29,11 @@ next batch during an eval, which is part of what async buys).
 Rows (higher is better):
 
 * time to +15 points: the sum over the data orders of the sync runs' seconds /
-  the sum of the async runs'; target 1.3x, floor 0.6x. One order decides
-  nothing: the step at which an eval first reaches the goal moves by tens of
-  steps with the data order, in both modes. Quiet box, 2026-11-27: this file,
+  the sum of the async runs'; target 1.3x, floor 0.6x. The tier runs one
+  order (``DATA_SEEDS``) to keep CI under its hour: the step at which an eval
+  first reaches the goal moves by tens of steps with the data order, in both
+  modes, so a single order's ratio is noisy (the floor allows for it); add
+  orders to ``DATA_SEEDS`` for a steadier figure. Quiet box, 2026-11-27: this file,
   sync 480 s (200, 300 and 270 steps for orders 42, 7 and 2024) vs async 405 s
   (260, 270, 260): **1.19x**; the same runs done separately before (one order
   per cluster): sync 200, 300, 270 steps vs async 250, 270, 220, per order
@@ -73,7 +75,17 @@ LR = 2e-4
 EVAL_EVERY = 10
 MAX_STEPS = 350
 K = 1
-DATA_SEEDS = (42, 7, 2024)
+# One data order in the tier (15 minutes with three); every run must reach the goal,
+# so this file also checks that sync and async toy GRPO learn (the slow tier's HF
+# learning tests, which CI deselects, run the same recipe).
+DATA_SEEDS = (42,)
+
+
+def _orders() -> str:
+    """How the row names the data orders it covers."""
+    if len(DATA_SEEDS) == 1:
+        return f"data order {DATA_SEEDS[0]}"
+    return f"sum over {len(DATA_SEEDS)} data orders"
 
 
 def test_async_vs_sync_grpo_time_to_accuracy(
@@ -122,7 +134,7 @@ def test_async_vs_sync_grpo_time_to_accuracy(
     }
     record_ratio(
         f"async GRPO (max_staleness {K}) vs sync GRPO, toy task time to +15 points held-out "
-        f"(sum over {len(DATA_SEEDS)} data orders)",
+        f"({_orders()})",
         seconds["async"],
         seconds["sync"],
         unit="s",
