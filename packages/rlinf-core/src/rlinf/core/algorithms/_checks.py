@@ -7,17 +7,6 @@ from typing import NoReturn
 
 import torch
 
-__all__ = [
-    "as_float",
-    "broadcast_shape",
-    "check_broadcast",
-    "check_choice",
-    "check_in_unit_interval",
-    "check_positive",
-    "check_same_shape",
-    "fail",
-]
-
 
 def fail(arg: str, value: object, problem: str, fix: str) -> NoReturn:
     """Raise a ``ValueError`` of the form ``arg=value problem. Fix: fix``."""
