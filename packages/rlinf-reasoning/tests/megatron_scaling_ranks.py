@@ -6,10 +6,12 @@ The ``2 * TP`` processes first train a static two-replica :class:`MegatronActor`
 (tensor parallel size ``TP``, DP = 2) for ``STEPS`` steps, then (a fresh
 process group on ``PORT2``) one with online scaling from one base replica
 (``TP`` base ranks): each step it grows to two replicas, trains on the same
-groups (replica ``r`` takes ``groups[r::2]``) and shrinks back; the extra
-replica scrambles its idle copy first, which the scale-up must overwrite. Rank 0
-writes the weights and AdamW state of both after every step to
-``OUT_DIR/step{k}.pt``; the test compares them.
+groups (replica ``r`` takes ``groups[r::2]``) and shrinks back; before each
+scale-up the extra replica fills its idle parameters and AdamW state with noise
+(:func:`online_scaling_ranks.scramble`), which the scale-up must overwrite.
+Rank 0 writes the weights and AdamW state of both after every step to
+``OUT_DIR/step{k}.pt``, and the first rank of the extra replica its own grown
+ones to ``OUT_DIR/step{k}.replica1.pt``; the test compares them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU (gloo) path, on GPU machines too
 
 import torch
-from online_scaling_ranks import _groups, _ListChannel, scaling_config
+from online_scaling_ranks import _groups, _ListChannel, scaling_config, scramble
 
 
 def _optim_state(actor: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -76,16 +78,15 @@ def main() -> None:
 
     scaled = _actor(rank, world, port2, cfg, steps, tp)
     assert scaled.base_world_size == tp and scaled.checkpoint_world_size == world
-    if replica == 1:  # a stale replica: scale_up must replace it with replica 0's state
-        with torch.no_grad():
-            for p in scaled.model.parameters():
-                p.add_(torch.randn_like(p))
-        scaled.version = 99
     for step in range(steps):
+        if replica == 1:  # a stale replica: scale_up must replace it with replica 0's state
+            scramble(scaled.model, scaled.optimizer, seed=1000 * step + rank)
+            scaled.version = 99
         up = scaled.scale_up()
         assert up["world_size"] == world and scaled.dp_size == 2
         scaled.run_training(_ListChannel(_groups(step, 4, vocab)[replica::2]), step)
         results[step]["grown"] = dict(scaled.full_weights())
+        results[step]["grown_optim"] = _optim_state(scaled)
         down = scaled.scale_down()
         assert down["world_size"] == tp
         if replica == 0:
@@ -103,9 +104,10 @@ def main() -> None:
         results[step]["optim_steps"] = scaled._optim_steps
         assert scaled.version == 0  # replica 0's counters reached rank 1
         results[step]["timings"] = (up["seconds"], down["seconds"])
-    if rank == 0:
+    if rank in (0, tp):  # the first rank of each replica
+        suffix = ".replica1" if rank else ""
         for step, result in enumerate(results):
-            torch.save(result, out / f"step{step}.pt")
+            torch.save(result, out / f"step{step}{suffix}.pt")
     scaled.teardown()
 
 

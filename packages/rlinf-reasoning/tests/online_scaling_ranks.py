@@ -5,7 +5,9 @@ Usage: ``python online_scaling_ranks.py RANK PORT TASK_DIR OUT_DIR [STEPS]``.
 Both processes build two actors over the same two ranks (gloo): a static
 two-rank :class:`FSDPActor` and an online-scaling one with one base rank. Each
 step, rank ``r`` trains both on the same prompt groups (``groups[r::2]``); the
-scaling actor grows to two ranks first and shrinks back after. Rank 0 writes
+scaling actor grows to two ranks first and shrinks back after; before each
+scale-up every rank fills its idle shard of the grown model and AdamW state
+with noise (:func:`scramble`), which the scale-up must overwrite. Rank 0 writes
 the full weights and AdamW state of both (after every step) to
 ``OUT_DIR/step{k}.pt``; the test compares them.
 """
@@ -51,6 +53,37 @@ class _ListChannel:
 
     def get(self, timeout: float | None = None) -> Any:
         return self.items.pop(0)
+
+
+def _local_view(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a ``DTensor`` (a view: writing it writes the tensor), or itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def scramble(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    """Fills an idle copy's parameters and AdamW state (this rank's shards) with noise.
+
+    Every parameter gets random moments and a step count of 7, also where the
+    optimizer has no state yet: a scale-up must overwrite all of it (or clear
+    it, when the base has not stepped), else the grown step differs.
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def noise(t: torch.Tensor) -> torch.Tensor:
+        return torch.rand(t.shape, generator=gen, dtype=t.dtype)
+
+    with torch.no_grad():
+        for p in model.parameters():
+            local = _local_view(p)
+            local.add_(noise(local) - 0.5)
+            state = optimizer.state[p]
+            state["step"] = torch.tensor(7.0)
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key not in state:
+                    state[key] = torch.zeros_like(p)
+                moment = _local_view(state[key])
+                moment.copy_(noise(moment))
 
 
 def _optim_state(actor: Any) -> dict[str, Any]:
@@ -123,6 +156,9 @@ def main() -> None:
         groups = _groups(step, 4, vocab)
         mine = groups[rank::2]
         static.run_training(_ListChannel(mine), step)
+        # The idle grown copy must not matter: scale_up replaces all of it.
+        idle = scaled._grown_parts
+        scramble(idle.model, idle.optimizer, seed=1000 * step + rank)
         up = scaled.scale_up()
         scaled.run_training(_ListChannel(mine), step)
         grown = dict(scaled.full_weights())  # collective over both ranks

@@ -1,13 +1,15 @@
 """Online scaling of the FSDP actor (``runner.online_scaling``).
 
 * exactness (two processes, gloo, no Ray): training steps with the actor grown
-  from 1 to 2 ranks give the same parameters and AdamW state as a static
+  from 1 to 2 ranks give bit for bit the parameters and AdamW state of a static
   2-rank actor on the same data, while grown and after shrinking back (then
   only the base rank holds the model; the extra rank keeps only its idle shard
-  of the grown one, for the next scale-up);
+  of the grown one, for the next scale-up). The idle grown copy is filled
+  with noise before every scale-up, so a scale-up that moved nothing fails;
 * the same for the Megatron actor: grown from 1 to 2 data-parallel replicas =
-  a static 2-replica actor (weights, AdamW state, schedule), with TP = 1 (2
-  ranks) and, in the slow tier, TP = 2 (4 ranks);
+  a static 2-replica actor (weights, AdamW state, schedule, on both replicas;
+  the extra one scrambled before every scale-up), with TP = 1 (2 ranks) and,
+  in the slow tier, TP = 2 (4 ranks);
 * config: online scaling is refused with async GRPO, KL terms (FSDP), Megatron
   with PP > 1 or the distributed optimizer, and the embodied runner, with
   errors naming the key;
@@ -36,7 +38,26 @@ from rlinf.sched.placement import ModelParallelComponentPlacement
 
 RANKS_SCRIPT = Path(__file__).with_name("online_scaling_ranks.py")
 MEGATRON_SCRIPT = Path(__file__).with_name("megatron_scaling_ranks.py")
-TOL = 1e-6
+
+
+def _assert_equal(a: dict[str, Any], b: dict[str, Any], where: str = "") -> None:
+    """``a`` and ``b`` hold the same keys and bit-identical tensors (``torch.equal``)."""
+    assert a.keys() == b.keys(), where
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, dict):
+            _assert_equal(x, y, f"{where}/{key}")
+        elif isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f"{where}/{key}"
+        elif isinstance(x, list):
+            assert len(x) == len(y), f"{where}/{key}"
+            for u, v in zip(x, y, strict=True):
+                if isinstance(u, dict):
+                    _assert_equal(u, v, f"{where}/{key}")
+                else:
+                    assert u == v, f"{where}/{key}"
+        else:
+            assert x == y, f"{where}/{key}"
 
 
 def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -60,14 +81,14 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return worst
 
 
-def _step_results(task: Path, out: Path, steps: int) -> list[dict[str, Any]]:
-    """The rank script's ``step{k}.pt`` files, each checked to have moved the weights."""
+def _step_results(task: Path, out: Path, steps: int, suffix: str = "") -> list[dict[str, Any]]:
+    """The rank script's ``step{k}{suffix}.pt`` files, each checked to have moved the weights."""
     from safetensors.torch import load_file
 
     init = load_file(task / "model" / "model.safetensors")
     results = []
     for step in range(steps):
-        got = torch.load(out / f"step{step}.pt", weights_only=False)
+        got = torch.load(out / f"step{step}{suffix}.pt", weights_only=False)
         moved = max(
             float((got["static"][k] - init[k]).abs().max()) for k in init if k in got["static"]
         )
@@ -93,8 +114,10 @@ def test_grown_step_equals_static_two_rank_actor(
             f"after scale-down params {shrunk:.2e}, optim {shrunk_optim:.2e}; "
             f"scale up/down seconds {got['timings'][-1]}"
         )
-        assert grown <= TOL and shrunk <= TOL
-        assert grown_optim <= TOL and shrunk_optim <= TOL
+        _assert_equal(got["grown"], got["static"], "grown params")
+        _assert_equal(got["scaled"], got["static"], "shrunk params")
+        _assert_equal(got["grown_optim"], got["static_optim"], "grown AdamW")
+        _assert_equal(got["scaled_optim"], got["static_optim"], "shrunk AdamW")
         assert got["static_lr"] == got["scaled_lr"]
         assert got["static_sched"] == got["scaled_sched"]
         assert got["optim_steps"][0] == got["optim_steps"][1] == 2 * (step + 1)
@@ -161,7 +184,11 @@ def test_config_refuses_megatron_online_scaling_it_cannot_grow(
 def test_megatron_grown_step_equals_static_two_replica_actor(
     tmp_path: Path, run_ranks: Callable[..., list[str]], tp: int
 ) -> None:
-    """Megatron: grown from 1 to 2 replicas of TP ranks = a static 2-replica actor, to 1e-6."""
+    """Megatron: grown from 1 to 2 replicas of TP ranks = a static 2-replica actor, bit for bit.
+
+    Replica 1 scrambles its idle parameters and AdamW state before every
+    scale-up; its grown weights and moments are compared too.
+    """
     pytest.importorskip("megatron.core")
     task = make_smoke_task(tmp_path / "task")
     if tp == 2:  # TP splits the key/value heads too: the smoke model has one
@@ -186,9 +213,14 @@ def test_megatron_grown_step_equals_static_two_replica_actor(
             f"\nmegatron step {step}: |grown - static| {grown:.2e}, after scale-down "
             f"{shrunk:.2e}, optim {optim:.2e}; scale up/down seconds {got['timings']}"
         )
-        assert grown <= TOL and shrunk <= TOL and optim <= TOL
+        _assert_equal(got["grown"], got["static"], "grown params")
+        _assert_equal(got["scaled"], got["static"], "shrunk params")
+        _assert_equal(got["scaled_optim"], got["static_optim"], "AdamW")
         assert got["static_optim"] and got["static_sched"] == got["scaled_sched"]
         assert got["optim_steps"] == 2 * (step + 1)
+    for got in _step_results(task, out, 2, suffix=".replica1"):  # the scrambled replica
+        _assert_equal(got["grown"], got["static"], "replica 1 grown params")
+        _assert_equal(got["grown_optim"], got["static_optim"], "replica 1 grown AdamW")
 
 
 def _placement(spec: dict[str, Any], slots: int = 2) -> ModelParallelComponentPlacement:
