@@ -91,9 +91,21 @@ def make_actor(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         actor.teardown()
 
 
-def _groups(toy: Path, temperature: float, seed: int = 0) -> list[RolloutResult]:
+def _groups(
+    toy: Path, temperature: float, seed: int = 0, older: float = 0.0
+) -> list[RolloutResult]:
+    """Groups sampled from the warm-start model (``older`` > 0: its weights plus noise).
+
+    With ``older`` the engine stands for weights a few versions old: its
+    (behaviour) logprobs differ from those of the warm-start weights.
+    """
     tok = build_tokenizer()
     engine = HFEngine(toy / "warmstart", dtype="float32", device="cpu")
+    if older > 0:
+        gen = torch.Generator().manual_seed(1234)
+        with torch.no_grad():
+            for p in engine.model.parameters():
+                p.add_(older * torch.randn(p.shape, generator=gen))
     prompts = [tok.encode(p) for p in PROMPTS]
     outs = engine.generate(
         prompts, 4, SamplingParams(temperature=temperature, max_new_tokens=8, seed=seed)
@@ -382,26 +394,34 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
     """Async GRPO: the rollout's proximal logprobs (``response_logprobs`` on the engine's
     model, the actor's weights) stand in for the actor's no-grad recompute.
 
-    The groups are one version old at step 1. Given the rollout's scores (after
-    an older message it must skip; two rollout ranks send one message each),
-    the actor recomputes nothing beyond the fused first minibatch, and its update
-    (plain SGD) equals the one of its own recomputation; a group the rollout did
-    not score is recomputed locally.
+    The groups are one version old at step 1: sampled with older weights, so
+    their behaviour logprobs differ from the proximal ones. Given the rollout's
+    scores (after an older message it must skip; two rollout ranks send one
+    message each), the actor recomputes nothing beyond the fused first
+    minibatch, and its update (plain SGD) equals the one of its own
+    recomputation and differs from the one with the behaviour logprobs as old
+    logprobs; a group the rollout did not score is recomputed locally.
 
     Two of the groups share a prompt index (prefetch across an epoch boundary
     or a regenerated stale group): each still gets its own scores.
     """
-    groups = _groups(toy, 1.0)[:4]
+    groups = _groups(toy, 1.0, older=0.02)[:4]
     assert groups[0].response_ids != groups[1].response_ids
     groups[1].index = groups[0].index
     engine = HFEngine(toy / "warmstart", dtype="float32", device="cpu")
     pairs = [(g.prompt_ids, ids) for g in groups for ids in g.response_ids]
     flat = response_logprobs(engine.model, pairs, engine.pad_token_id, 1.0, 5)
     scores = {group_key(g): flat[4 * k : 4 * k + 4] for k, g in enumerate(groups)}
+    behaviour = [torch.tensor(row) for g in groups for row in g.rollout_logprobs]
+    gap = max(float((b - p).abs().max()) for b, p in zip(behaviour, flat, strict=True))
+    assert gap > 1e-2  # behaviour and proximal logprobs differ
 
-    def run(proximal: Any) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
+    def run(
+        proximal: Any, recompute: bool = True
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float], int]:
         cfg = _cfg(toy, n_minibatches=2, max_staleness=1, shuffle_rollout=shuffle)
         cfg.actor.micro_batch_size = 4
+        cfg.actor.recompute_logprobs = recompute
         actor = make_actor(cfg)
         actor.optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.1)
         recomputed = _count_recomputed(actor)
@@ -423,6 +443,9 @@ def test_proximal_logprobs_scored_by_the_rollout_replace_the_recompute(
     assert max(float((own_w[k] - rollout_w[k]).abs().max()) for k in own_w) < 1e-5
     for key in ("actor/policy_loss", "actor/ratio"):
         assert own_m[key] == pytest.approx(rollout_m[key], abs=1e-5), key
+    # The behaviour logprobs as old logprobs give another update.
+    behaviour_w, _, _ = run(None, recompute=False)
+    assert max(float((behaviour_w[k] - rollout_w[k]).abs().max()) for k in own_w) > 1e-4
     missing = {key: v for key, v in scores.items() if key != group_key(groups[-1])}
     _, _, partial_n = run(_KeyedChannel([("0", {"version": 1, "groups": missing})]))
     assert 0 < partial_n < own_n  # the unscored group's samples outside minibatch 0
