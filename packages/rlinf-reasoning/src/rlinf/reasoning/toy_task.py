@@ -346,6 +346,21 @@ def _encode_examples(
     return [([*p, *a, eos], len(p)) for p, a in zip(prompts, answers, strict=True)]
 
 
+def _sft_batch(
+    batch: list[tuple[list[int], int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids, labels, attention_mask)``; labels only after the prompt."""
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, (ids, plen) in enumerate(batch):
+        input_ids[r, : len(ids)] = torch.tensor(ids)
+        labels[r, plen : len(ids)] = torch.tensor(ids[plen:])
+        mask[r, : len(ids)] = 1
+    return input_ids, labels, mask
+
+
 def sft_warm_start(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -402,15 +417,7 @@ def sft_warm_start(
     for step in range(steps):
         index = torch.randint(len(examples), (batch_size,), generator=gen).tolist()
         batch = [examples[i] for i in index]
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((batch_size, width), pad, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for r, (ids, plen) in enumerate(batch):
-            input_ids[r, : len(ids)] = torch.tensor(ids)
-            labels[r, plen : len(ids)] = torch.tensor(ids[plen:])
-            mask[r, : len(ids)] = 1
-        input_ids, labels, mask = input_ids.to(device), labels.to(device), mask.to(device)
+        input_ids, labels, mask = (t.to(device) for t in _sft_batch(batch, pad))
         logits = model(input_ids=input_ids, attention_mask=mask).logits
         loss = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]).float(),

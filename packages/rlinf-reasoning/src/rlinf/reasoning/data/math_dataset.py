@@ -200,6 +200,33 @@ def _answers_of(record: _Record, key: str) -> list[str]:
     return answers
 
 
+def _check_inputs(
+    files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
+) -> None:
+    """Refuses an empty file list and a tokenizer the config cannot use.
+
+    Raises:
+        ValueError: No files, no pad token, or a chat template asked for but missing.
+    """
+    if not files:
+        raise ValueError(
+            "no data files given; set data.train_files (and data.val_files) to a list "
+            "of .jsonl/.json files"
+        )
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"tokenizer {type(tokenizer).__name__} has no pad token, which left padding "
+            "needs; set one before building the dataset, e.g. "
+            "tokenizer.pad_token = tokenizer.eos_token"
+        )
+    if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "data.apply_chat_template is true but the tokenizer has no chat_template; "
+            "use a tokenizer (model) with a chat template, or set "
+            "data.apply_chat_template=false and put ready-to-tokenize prompts in the data"
+        )
+
+
 class MathDataset(Dataset[MathItem]):
     """Math prompts with their reference answers, tokenized at load time.
 
@@ -228,23 +255,7 @@ class MathDataset(Dataset[MathItem]):
             DatasetError: If a record lacks a key or has a bad value, a prompt is too long
                 (with filtering off), or nothing is left after filtering.
         """
-        if not files:
-            raise ValueError(
-                "no data files given; set data.train_files (and data.val_files) to a list "
-                "of .jsonl/.json files"
-            )
-        if tokenizer.pad_token_id is None:
-            raise ValueError(
-                f"tokenizer {type(tokenizer).__name__} has no pad token, which left padding "
-                "needs; set one before building the dataset, e.g. "
-                "tokenizer.pad_token = tokenizer.eos_token"
-            )
-        if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                "data.apply_chat_template is true but the tokenizer has no chat_template; "
-                "use a tokenizer (model) with a chat template, or set "
-                "data.apply_chat_template=false and put ready-to-tokenize prompts in the data"
-            )
+        _check_inputs(files, tokenizer, cfg)
         self.cfg = cfg
         self.files = [Path(f) for f in files]
         self.pad_token_id: int = int(tokenizer.pad_token_id)

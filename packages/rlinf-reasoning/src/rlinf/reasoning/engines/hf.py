@@ -304,6 +304,16 @@ class HFEngine:
                 )
         return outputs
 
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts left-padded into one batch, and its attention mask (on the device)."""
+        max_len = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), max_len), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), max_len), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[r, max_len - len(p) :] = 1
+        return input_ids.to(self.device), mask.to(self.device)
+
     def _generate_batch(
         self,
         prompts: list[list[int]],
@@ -313,14 +323,7 @@ class HFEngine:
     ) -> list[GenerationOutput]:
         batch = len(rows)
         dev = self.device
-        max_len = max(len(prompts[i]) for i, _ in rows)
-        input_ids = torch.full((batch, max_len), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, max_len), dtype=torch.long)
-        for r, (i, _) in enumerate(rows):
-            p = prompts[i]
-            input_ids[r, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[r, max_len - len(p) :] = 1
-        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        input_ids, mask = self._left_padded([prompts[i] for i, _ in rows])
         positions = position_ids_from_attention_mask(mask)
 
         stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids)
