@@ -1096,8 +1096,13 @@ def run_example(
 ) -> tuple[dict[int, float], dict[int, float]]:
     actor, rollout, env = hybrid
     cfg = make_config(tmp_path, config, config=config)
-    assert cfg.cluster.component_placement == HYBRID
-    with EmbodiedRunner(cfg, actor, rollout, env) as runner:
+    # The example's own placement: the hybrid groups' slots, and a rollout group only
+    # when the env workers do not run the policy themselves.
+    in_env = cfg.rollout.in_env_process
+    assert cfg.cluster.component_placement == (
+        {k: v for k, v in HYBRID.items() if k != "rollout"} if in_env else HYBRID
+    )
+    with EmbodiedRunner(cfg, actor, None if in_env else rollout, env) as runner:
         runner.init_workers()
         runner.run()
         tb_dir = runner.tensorboard_dir
