@@ -81,7 +81,7 @@ from rlinf.sched import (
     scale_actor,
     wait_all,
 )
-from rlinf.sched.placement import ModelParallelComponentPlacement
+from rlinf.sched.placement import ModelParallelComponentPlacement, PlacementStrategy
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
 __all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
@@ -143,25 +143,7 @@ def launch_reasoning_groups(
         if cls is not None:
             check_implements(cls, protocol)
     megatron = cfg.actor.training_backend == "megatron"
-    parallel = cfg.actor.model
-    # The placement checks that the actor ranks are a multiple of TP * PP (Megatron
-    # lays TP ranks out consecutively, so a TP group is one contiguous range).
-    try:
-        placement = ModelParallelComponentPlacement(
-            cfg.cluster.component_placement,
-            cluster.info,
-            actor_tp_size=parallel.tensor_model_parallel_size if megatron else 1,
-            actor_pp_size=parallel.pipeline_model_parallel_size if megatron else 1,
-        )
-    except ValueError as err:
-        if megatron and "'actor'" in str(err) and "tp_size * pp_size" in str(err):
-            raise ValueError(
-                f"{err}: actor.model.tensor_model_parallel_size "
-                f"({parallel.tensor_model_parallel_size}) * pipeline_model_parallel_size "
-                f"({parallel.pipeline_model_parallel_size}) must divide the actor ranks; "
-                "change them or cluster.component_placement.actor"
-            ) from err
-        raise
+    placement = _place(cfg, cluster)
     cfg.check_world_sizes(
         actor=placement.actor_world_size,
         rollout=placement.rollout_world_size,
@@ -169,23 +151,7 @@ def launch_reasoning_groups(
     )
     collocated = placement.is_collocated
     check_async_placement(cfg, collocated)
-    actor_strategy = placement.get_strategy("actor")
-    actor_args: dict[str, Any] = {}
-    if cfg.runner.online_scaling:
-        actor_strategy = grown_actor_strategy(placement)
-        grown = len(actor_strategy.hardware_ranks_list)
-        try:
-            cfg.check_world_sizes(
-                actor=grown,
-                rollout=placement.rollout_world_size,
-                reward=placement.reward_world_size,
-            )
-        except ValueError as err:
-            raise ValueError(
-                f"runner.online_scaling=true trains on {grown} actor ranks (actor + rollout "
-                f"resources): {err}"
-            ) from err
-        actor_args["base_world_size"] = placement.actor_world_size
+    actor_strategy, actor_args = _actor_strategy(cfg, placement)
     # The three groups start at once (worker start-up dominates small runs); if one
     # fails, none is left running.
     groups = launch_groups(
@@ -210,6 +176,66 @@ def launch_reasoning_groups(
     )
     rollout, reward, actor = groups.values()
     return placement, actor, rollout, reward
+
+
+def _place(cfg: ReasoningConfig, cluster: Cluster) -> ModelParallelComponentPlacement:
+    """The placement of ``cfg.cluster.component_placement`` on ``cluster``.
+
+    It checks that the actor ranks are a multiple of TP * PP (Megatron lays TP
+    ranks out consecutively, so a TP group is one contiguous range).
+
+    Raises:
+        ValueError: If the placement does not fit; for Megatron's TP * PP, the
+            message names the keys to change.
+    """
+    megatron = cfg.actor.training_backend == "megatron"
+    parallel = cfg.actor.model
+    try:
+        return ModelParallelComponentPlacement(
+            cfg.cluster.component_placement,
+            cluster.info,
+            actor_tp_size=parallel.tensor_model_parallel_size if megatron else 1,
+            actor_pp_size=parallel.pipeline_model_parallel_size if megatron else 1,
+        )
+    except ValueError as err:
+        if megatron and "'actor'" in str(err) and "tp_size * pp_size" in str(err):
+            raise ValueError(
+                f"{err}: actor.model.tensor_model_parallel_size "
+                f"({parallel.tensor_model_parallel_size}) * pipeline_model_parallel_size "
+                f"({parallel.pipeline_model_parallel_size}) must divide the actor ranks; "
+                "change them or cluster.component_placement.actor"
+            ) from err
+        raise
+
+
+def _actor_strategy(
+    cfg: ReasoningConfig, placement: ModelParallelComponentPlacement
+) -> tuple[PlacementStrategy, dict[str, Any]]:
+    """The actor group's placement and extra constructor arguments.
+
+    With ``runner.online_scaling`` the actor also spans the rollout's resources
+    (:func:`~rlinf.sched.grown_actor_strategy`) and its base ranks are the
+    placement's actor ranks.
+
+    Raises:
+        ValueError: If the grown actor's ranks do not divide the batch.
+    """
+    if not cfg.runner.online_scaling:
+        return placement.get_strategy("actor"), {}
+    strategy = grown_actor_strategy(placement)
+    grown = len(strategy.hardware_ranks_list)
+    try:
+        cfg.check_world_sizes(
+            actor=grown,
+            rollout=placement.rollout_world_size,
+            reward=placement.reward_world_size,
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"runner.online_scaling=true trains on {grown} actor ranks (actor + rollout "
+            f"resources): {err}"
+        ) from err
+    return strategy, {"base_world_size": placement.actor_world_size}
 
 
 class ReasoningRunner(ClosesOnExit):
@@ -303,29 +329,7 @@ class ReasoningRunner(ClosesOnExit):
         _check_model_dir(cfg.actor.model_path, "actor.model_path")
         if cfg.rollout.model_path is not None:
             _check_model_dir(cfg.rollout.model_path, "rollout.model_path")
-        tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
-        self.tokenizer = tokenizer
-        self.train_set = MathDataset.from_config(cfg.data, tokenizer, "train")
-        n = cfg.algorithm.rollout_batch_size
-        if len(self.train_set) < n:
-            raise ValueError(
-                f"algorithm.rollout_batch_size={n} is larger than the {len(self.train_set)} "
-                "training prompts; lower it or add data"
-            )
-        self.val_set: MathDataset | None = None
-        if cfg.data.val_files and (
-            cfg.runner.val_check_interval > 0 or cfg.runner.val_before_train
-        ):
-            self.val_set = MathDataset.from_config(cfg.data, tokenizer, "val")
-        self.sampler = ResumableSampler(
-            len(self.train_set), shuffle=cfg.data.shuffle, seed=cfg.data.seed
-        )
-        self._order = iter(self.sampler)
-        steps_per_epoch = len(self.train_set) // n
-        total = cfg.runner.max_epochs * steps_per_epoch
-        if cfg.runner.max_steps > 0:
-            total = min(total, cfg.runner.max_steps)
-        self.total_steps = total
+        total = self.total_steps = self._load_data()
         cfg.check_world_sizes(
             actor=self.actor.world_size,
             rollout=self.rollout.world_size,
@@ -337,16 +341,7 @@ class ReasoningRunner(ClosesOnExit):
             hint=_TIMEOUT_HINT,
         )
         if cfg.runner.online_scaling:
-            base = int(actor_info[0].get("base_world_size", self.actor.world_size))
-            if base >= self.actor.world_size:
-                raise ValueError(
-                    f"runner.online_scaling=true but the actor group's {self.actor.world_size} "
-                    "ranks all hold the model; launch it with launch_reasoning_groups (which "
-                    "places extra ranks on the rollout's devices)"
-                )
-            self.base_actor_ranks = list(range(base))
-            ckpt = int(actor_info[0].get("checkpoint_world_size", base))
-            self.checkpoint_actor_ranks = list(range(ckpt))
+            self._take_base_ranks(actor_info[0])
         _log.info(
             "workers ready: actor %s, rollout %s, reward %s (%s placement), %d steps",
             actor_info[0],
@@ -355,15 +350,7 @@ class ReasoningRunner(ClosesOnExit):
             "collocated" if self.collocated else "disaggregated",
             total,
         )
-        self._res.drop_channels()  # a second init_workers() starts with fresh channels
-        tag = f"rlinf-reasoning-{uuid.uuid4().hex[:10]}"
-        items = max(4096, 4 * self.cfg.algorithm.rollout_batch_size)
-        self.requests = self._res.channel("requests", f"{tag}.requests", max_items=items)
-        self.generated = self._res.channel("rollout", f"{tag}.rollout", max_items=items)
-        self.rewarded = self._res.channel("reward", f"{tag}.reward", max_items=items)
-        self.proximal: Channel | None = None  # async: the rollout's proximal logprobs
-        if self.cfg.scores_proximal_on_rollout:
-            self.proximal = self._res.channel("proximal", f"{tag}.proximal", max_items=items)
+        self._open_channels()
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         if cfg.runner.freeze_gc_heap:  # set-up objects leave the cyclic collector's passes
@@ -375,6 +362,65 @@ class ReasoningRunner(ClosesOnExit):
             freeze_heap()  # rlinf.core.heap
         self._initialized = True
         startup.mark("init_workers")
+
+    def _load_data(self) -> int:
+        """Loads the tokenizer, datasets and sampler; returns the run's total steps.
+
+        Raises:
+            ValueError: If the batch is larger than the training set.
+        """
+        cfg = self.cfg
+        self.tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
+        self.train_set = MathDataset.from_config(cfg.data, self.tokenizer, "train")
+        n = cfg.algorithm.rollout_batch_size
+        if len(self.train_set) < n:
+            raise ValueError(
+                f"algorithm.rollout_batch_size={n} is larger than the {len(self.train_set)} "
+                "training prompts; lower it or add data"
+            )
+        self.val_set: MathDataset | None = None
+        if cfg.data.val_files and (
+            cfg.runner.val_check_interval > 0 or cfg.runner.val_before_train
+        ):
+            self.val_set = MathDataset.from_config(cfg.data, self.tokenizer, "val")
+        self.sampler = ResumableSampler(
+            len(self.train_set), shuffle=cfg.data.shuffle, seed=cfg.data.seed
+        )
+        self._order = iter(self.sampler)
+        steps_per_epoch = len(self.train_set) // n
+        total = cfg.runner.max_epochs * steps_per_epoch
+        if cfg.runner.max_steps > 0:
+            total = min(total, cfg.runner.max_steps)
+        return total
+
+    def _take_base_ranks(self, actor_info: dict[str, Any]) -> None:
+        """Online scaling: the actor ranks that hold the model and checkpoint it.
+
+        Raises:
+            ValueError: If every actor rank holds the model (no extra ranks).
+        """
+        base = int(actor_info.get("base_world_size", self.actor.world_size))
+        if base >= self.actor.world_size:
+            raise ValueError(
+                f"runner.online_scaling=true but the actor group's {self.actor.world_size} "
+                "ranks all hold the model; launch it with launch_reasoning_groups (which "
+                "places extra ranks on the rollout's devices)"
+            )
+        self.base_actor_ranks = list(range(base))
+        ckpt = int(actor_info.get("checkpoint_world_size", base))
+        self.checkpoint_actor_ranks = list(range(ckpt))
+
+    def _open_channels(self) -> None:
+        """Fresh request, rollout and reward channels (and proximal ones for async GRPO)."""
+        self._res.drop_channels()  # a second init_workers() starts with fresh channels
+        tag = f"rlinf-reasoning-{uuid.uuid4().hex[:10]}"
+        items = max(4096, 4 * self.cfg.algorithm.rollout_batch_size)
+        self.requests = self._res.channel("requests", f"{tag}.requests", max_items=items)
+        self.generated = self._res.channel("rollout", f"{tag}.rollout", max_items=items)
+        self.rewarded = self._res.channel("reward", f"{tag}.reward", max_items=items)
+        self.proximal: Channel | None = None  # async: the rollout's proximal logprobs
+        if self.cfg.scores_proximal_on_rollout:
+            self.proximal = self._res.channel("proximal", f"{tag}.proximal", max_items=items)
 
     # ------------------------------------------------------------------ data
     def _next_indices(self) -> list[int]:

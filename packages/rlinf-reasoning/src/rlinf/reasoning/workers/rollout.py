@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 from rlinf.core.channel import Channel
@@ -50,6 +51,60 @@ _POLL_S = 0.5
 def _seed(base: int, step: int, rank: int, chunk: int) -> int:
     """The sampling seed of one chunk of a rank's generation at a step (31 bits)."""
     return derive_seed(base, "rollout", step, rank, chunk) % (2**31 - 1)
+
+
+class _BucketLoader:
+    """Loads weight buckets into an engine; on a checked sync, tracks the largest difference.
+
+    Engines that cannot read their weights back (vLLM prepacks them) are not
+    compared; their names are checked against the model directory instead.
+    """
+
+    def __init__(self, worker: RolloutWorker, engine: RolloutEngine, check: bool) -> None:
+        self.worker, self.engine = worker, engine
+        self.compare = check and getattr(engine, "weights_readable", True)
+        self.dtype = getattr(engine, "dtype", None)
+        self.worst = 0.0  # largest |engine - actor| after loading (compared syncs)
+
+    def __call__(self, bucket: WeightBucket) -> None:
+        self.engine.load_weights(bucket.tensors, version=bucket.version)
+        self.worker.load_calls += 1
+        if self.compare:
+            dtype = self.dtype
+            cast = [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
+            self.worst = max(self.worst, self.engine.weights_max_abs_diff(cast))
+
+
+def _check_first_sync(
+    engine: RolloutEngine, received: set[str], version: int, worst: float
+) -> None:
+    """After the first sync: every engine parameter was received and equals the actor's.
+
+    Raises:
+        RuntimeError: If a name is missing or a value differs (says which).
+    """
+    model = getattr(engine, "model", None)
+    expected = getattr(engine, "expected_weight_names", None)
+    names = (
+        (n for n, _ in model.named_parameters())
+        if model is not None
+        else expected()
+        if expected is not None
+        else None
+    )
+    if names is not None:
+        check_complete(
+            names,
+            received,
+            version,
+            "actor and rollout must load the same architecture (check "
+            "rollout.model_path vs actor.model_path)",
+        )
+    if worst != 0.0:
+        raise RuntimeError(
+            f"weight sync v{version}: engine weights differ from the actor's by up to "
+            f"{worst:g} after loading; the engine's load_weights is broken"
+        )
 
 
 class RolloutWorker(Worker):
@@ -150,32 +205,9 @@ class RolloutWorker(Worker):
         """
         engine = self._engine()
         start = time.perf_counter()
-        groups: list[tuple[str, int | list[int]]] = [
-            (actor_group, 0),
-            (self.group_name, list(range(self.world_size))),
-        ]
         check = self.num_syncs == 0 and self.cfg.rollout.validate_weight_first_sync
-        # Engines that cannot read their weights back (vLLM prepacks them) get the
-        # names checked against their model directory instead of the values.
-        readable = getattr(engine, "weights_readable", True)
-        dtype = getattr(engine, "dtype", None)
-        worst = 0.0
-
-        def receive() -> WeightBucket:
-            timeout = self.cfg.runner.channel_timeout_s
-            bucket: WeightBucket = self.broadcast(
-                None, groups, src=(actor_group, 0), timeout=timeout
-            )
-            return bucket
-
-        def load(bucket: WeightBucket) -> None:
-            nonlocal worst
-            engine.load_weights(bucket.tensors, version=bucket.version)
-            self.load_calls += 1
-            if check and readable:
-                cast = [(n, t.to(dtype) if dtype is not None else t) for n, t in bucket.tensors]
-                worst = max(worst, engine.weights_max_abs_diff(cast))
-
+        load = _BucketLoader(self, engine, check)
+        receive = partial(self._receive_bucket, actor_group)
         finish = getattr(engine, "finish_weight_sync", None)
         if self.cfg.algorithm.is_async:
             # Receive everything first, so generation pauses only for the load.
@@ -193,36 +225,26 @@ class RolloutWorker(Worker):
                 version, buckets, received = receive_weights(receive, load)
                 if finish is not None:
                     finish()  # vLLM: no incomplete fused group; SGLang: closes its session
-        model = getattr(engine, "model", None)
-        expected = getattr(engine, "expected_weight_names", None)
-        names = (
-            (n for n, _ in model.named_parameters())
-            if model is not None
-            else expected()
-            if expected is not None
-            else None
-        )
-        if check and names is not None:
-            check_complete(
-                names,
-                received,
-                version,
-                "actor and rollout must load the same architecture (check "
-                "rollout.model_path vs actor.model_path)",
-            )
-        if check and worst != 0.0:
-            raise RuntimeError(
-                f"weight sync v{version}: engine weights differ from the actor's by up to "
-                f"{worst:g} after loading; the engine's load_weights is broken"
-            )
+        if check:
+            _check_first_sync(engine, received, version, load.worst)
         self.num_syncs += 1
         return {
             "version": version,
             "num_buckets": buckets,
             "load_calls": self.load_calls,
-            "max_abs_diff": worst,
+            "max_abs_diff": load.worst,
             "seconds": time.perf_counter() - start,
         }
+
+    def _receive_bucket(self, actor_group: str) -> WeightBucket:
+        """The next weight bucket, broadcast by actor rank 0 to every rollout rank."""
+        groups: list[tuple[str, int | list[int]]] = [
+            (actor_group, 0),
+            (self.group_name, list(range(self.world_size))),
+        ]
+        timeout = self.cfg.runner.channel_timeout_s
+        bucket: WeightBucket = self.broadcast(None, groups, src=(actor_group, 0), timeout=timeout)
+        return bucket
 
     def _post_proximal(self, version: int, channel: Channel, actor_world_size: int) -> None:
         """Scores the kept groups of version ``version - 1`` under the loaded weights."""
