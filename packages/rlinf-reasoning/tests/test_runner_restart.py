@@ -4,8 +4,10 @@ Real Ray groups (collocated: actor, rollout and reward on two CPU slots) and a
 tiny untrained Qwen2 built from a config. The test SIGKILLs one process from
 outside as soon as the step-2 checkpoint is complete (a reward worker, then,
 in a second run, actor rank 1). The runner must relaunch the three groups on
-their placement, resume from that checkpoint (weights, optimizer, sampler
-cursor, RNG) and finish all six steps.
+their placement, resume from that checkpoint and finish all six steps. After
+the resume, every actor rank's weights, optimizer state and RNG, the driver's
+RNG and the sampler cursor are those the run had, uninterrupted, when it saved
+that checkpoint (bit for bit, by SHA-256 digests).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -25,6 +28,7 @@ from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data.sampler import ResumableSampler
 from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
 from rlinf.reasoning.toy_task import make_smoke_task
+from rlinf.reasoning.workers.actor import _rng_digest
 from rlinf.sched import Cluster, WorkerDiedError, WorkerGroup
 
 STEPS = 6
@@ -89,6 +93,34 @@ def groups(toy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list
                 group.close()
 
 
+class RecordingRunner(ReasoningRunner):
+    """Records the training state when it saves a checkpoint and after it loads one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved: dict[int, dict[str, Any]] = {}
+        self.restored: dict[int, dict[str, Any]] = {}
+
+    def _state(self) -> dict[str, Any]:
+        """Every actor rank's state digests, the driver's RNG digest and sampler cursor."""
+        actor = self.actor.execute_on(*self.checkpoint_actor_ranks)
+        return {
+            "actor": actor.state_summary().wait(self.cfg.runner.step_timeout_s),
+            "driver_rng": _rng_digest(),
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        # Recorded first: the victim dies as soon as the checkpoint is complete.
+        self.saved[self.global_step] = self._state()
+        return super().save_checkpoint()
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        step = super().load_checkpoint(path)
+        self.restored[step] = self._state()
+        return step
+
+
 def kill_after_checkpoint(marker: Path, group: WorkerGroup, rank: int) -> threading.Thread:
     """SIGKILLs ``group``'s ``rank`` as soon as ``marker`` exists (from a watcher thread)."""
     pid = group.pid().wait()[rank]
@@ -122,7 +154,7 @@ def test_a_killed_worker_is_relaunched_and_the_run_finishes(
     actor, rollout, reward = groups
     cfg = make_config(toy, tmp_path, f"kill-{victim}", max_restarts=1)
     before = {g.name: g.pid().wait() for g in groups}
-    runner = ReasoningRunner(cfg, actor, rollout, reward)
+    runner = RecordingRunner(cfg, actor, rollout, reward)
     try:
         runner.init_workers()
         marker = runner.checkpoint_root / "global_step_2" / "COMPLETE"
@@ -141,6 +173,11 @@ def test_a_killed_worker_is_relaunched_and_the_run_finishes(
         # uninterrupted run would have used (the sampler cursor was restored).
         assert runner.data_history[-4:] == expected_order(cfg, STEPS)[2:]
         assert runner.data_history[:2] == expected_order(cfg, STEPS)[:2]
+        # The resume restored the state of the uninterrupted run at step 2: weights,
+        # optimizer state and RNG of every actor rank, the driver's RNG, the cursor.
+        assert list(runner.restored) == [2]
+        assert runner.restored[2] == runner.saved[2]
+        assert all(s["optim_steps"] == 2 for s in runner.saved[2]["actor"])
         restarts = [m["train/restarts"] for m in runner.metrics_history]
         assert restarts[0] == 0.0 and restarts[-1] == 1.0
     finally:

@@ -67,10 +67,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1073,13 +1074,26 @@ class FSDPActor(Worker):
         return list(self._stage_times)
 
     def state_summary(self) -> dict[str, Any]:
-        """Version, optimizer steps, current lr and a weight checksum (tests and debugging)."""
-        checksum = sum(float(t.double().sum()) for _, t in self.full_weights())
+        """Version, optimizer steps, lr and fingerprints of the state (tests and debugging).
+
+        Every rank must call it (the weights are gathered).
+
+        Returns:
+            ``{"version", "optim_steps", "lr", "checksum"}`` (sum of the full
+            weights) and SHA-256 digests of the full weights (``weights_sha256``),
+            this rank's optimizer state (``optim_sha256``) and this process's
+            Python, numpy and torch RNG states (``rng_sha256``): equal digests,
+            equal state.
+        """
+        weights = self.full_weights()
         return {
             "version": self.version,
             "optim_steps": self._optim_steps,
             "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "checksum": checksum,
+            "checksum": sum(float(t.double().sum()) for _, t in weights),
+            "weights_sha256": _digest(t for _, t in weights),
+            "optim_sha256": _digest(_optimizer_tensors(self.optimizer)),
+            "rng_sha256": _rng_digest(),
         }
 
     def teardown(self) -> None:
@@ -1116,6 +1130,40 @@ def _has_dropout(model: nn.Module) -> bool:
         if key.endswith(("dropout", "pdrop")) and isinstance(value, int | float) and value > 0:
             return True
     return False
+
+
+def _digest(tensors: Iterable[torch.Tensor]) -> str:
+    """SHA-256 of the tensors' shapes, dtypes and bytes, in order (local shards of DTensors)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        data = local.detach().cpu().contiguous()
+        h.update(f"{tuple(data.shape)}{data.dtype}".encode())
+        h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    """The optimizer's state tensors, parameter by parameter in param-group order."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for _, value in sorted(optimizer.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    yield value
+
+
+def _rng_digest() -> str:
+    """SHA-256 of this process's Python, numpy and torch (CPU) RNG states."""
+    import random
+
+    import numpy as np
+
+    h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+    h.update(repr(random.getstate()).encode())
+    state: Any = np.random.get_state()  # ("MT19937", keys, pos, has_gauss, cached)
+    h.update(state[1].tobytes())
+    h.update(repr(state[2:]).encode())
+    return h.hexdigest()
 
 
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
