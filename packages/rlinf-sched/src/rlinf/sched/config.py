@@ -63,9 +63,7 @@ class ClusterConfig(RLinfModel):
             return value
         names = [n for spec in specs for n in spec.names]
         unknown = sorted(set(names) - set(cls.components))
-        missing = [
-            c for c in cls.components if c not in names and c not in cls.optional_components
-        ]
+        missing = [c for c in cls.components if c not in names and c not in cls.optional_components]
         if unknown:
             raise ValueError(
                 f"names unknown components {unknown}; this run places "
