@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 LIMIT = 120
 LONG = 80
-MAX_LONG = 13
+MAX_LONG = 6  # ratchet: the count at the time of writing; lower it when one is shortened
 
 EXCEPTIONS: dict[str, str] = {
     "rlinf-embodied/src/rlinf/embodied/config.py::EmbodiedConfig._check": (
