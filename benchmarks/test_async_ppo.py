@@ -114,12 +114,14 @@ def _time_to_threshold(cfg: EmbodiedConfig, groups: list[WorkerGroup]) -> tuple[
         logger = runner._res.logger
         log = logger.log
 
-        def counting(metrics: dict[str, float], step: int) -> None:
+        def counting(
+            metrics: dict[str, float], step: int, *, summarize: bool | None = None
+        ) -> None:
             nonlocal seconds
             extra = metrics.get("time/eval", 0.0) + metrics.get("time/save_checkpoint", 0.0)
             seconds += metrics["time/step"] - extra
             step_times.append(metrics["time/step"] - extra)
-            log(metrics, step=step)
+            log(metrics, step=step, summarize=summarize)
 
         logger.log = counting  # type: ignore[method-assign]
         runner.run()
