@@ -12,6 +12,7 @@ import pytest
 
 from rlinf.core.config import ConfigError, compose_config, validate_config
 from rlinf.embodied.autoplace_profile import (
+    apply_candidate,
     auto_place,
     candidate_config,
     launch_embodied_groups,
@@ -48,7 +49,17 @@ def test_profile_data_ranks_placements_without_ray(tmp_path: Path) -> None:
     assert report.candidates[0].overrides == {
         "rollout.pipeline_stage_num": 1,
         "env.train.num_envs": 8,
+        "rollout.in_env_process": False,
     }
+    # The config runs the policy in the env process; every suggestion places a
+    # rollout group, so pasting one must give a config that validates.
+    assert cfg.rollout.in_env_process
+    for candidate in report.candidates:
+        applied = apply_candidate(cfg, candidate)
+        assert not applied.rollout.in_env_process
+        assert "rollout" in applied.cluster.component_placement or any(
+            "rollout" in key for key in applied.cluster.component_placement
+        )
 
 
 def test_profile_data_keys_are_validated(tmp_path: Path) -> None:

@@ -413,7 +413,10 @@ def rank_placements(
         profile,
         slots,
         max_stages=max_stages,
-        overrides=lambda layout: {"env.train.num_envs": envs // layout.size("env")},
+        overrides=lambda layout: {
+            "env.train.num_envs": envs // layout.size("env"),
+            "rollout.in_env_process": False,  # every candidate places a rollout group
+        },
         refuse=refusal_from(lambda layout: candidate_config(cfg, layout, envs)),
     )
     costs = {
