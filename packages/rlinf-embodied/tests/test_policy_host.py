@@ -150,3 +150,44 @@ def test_rollout_worker_sends_last_observations_only_their_values(
     finally:
         channel.close()
         channel.unlink()
+
+
+def test_rollout_worker_sends_the_actions_before_it_computes_the_values(
+    cfg: EmbodiedConfig, channel_name: str
+) -> None:
+    """MLP policies set values_after_actions: _act sends the action chunk, then computes
+    the values with get_value (while the env steps); the output equals one full act with
+    the same generator (actions, logprobs, values and bootstrap values)."""
+    host = PolicyHost(cfg, SPEC, rank=0, device=torch.device("cpu"))
+    assert host.values_after_actions
+    worker = SimpleNamespace(cfg=cfg, _require_host=lambda: host)
+    obs, final = {"states": torch.randn(3, 4)}, {"states": torch.randn(3, 4)}
+    channel = Channel.create(channel_name, capacity_bytes=1 << 20)
+    queued_at_get_value: list[int] = []
+    get_value = host.policy.get_value
+
+    def recording_get_value(observations: dict[str, torch.Tensor]) -> torch.Tensor:
+        queued_at_get_value.append(channel.qsize("0.0"))
+        return get_value(observations)
+
+    try:
+        host.policy.get_value = recording_get_value  # type: ignore[method-assign]
+        generator = sampling_generator(cfg, 5, 0, "train", host.device)
+        MultiStepRolloutWorker._act(worker, [(obs, final)], ["0.0"], channel, "train", generator)
+        host.policy.get_value = get_value  # type: ignore[method-assign]
+        # get_value ran twice (values, then bootstrap values), each after the actions went out.
+        assert queued_at_get_value == [1, 1]
+        actions = channel.get("0.0", timeout=60)
+        output = channel.get("0.0", timeout=60)
+        one_call = host.act(
+            [(obs, final)], "train", sampling_generator(cfg, 5, 0, "train", host.device)
+        )
+        assert torch.equal(actions, one_call.actions) and torch.equal(output.actions, actions)
+        assert torch.equal(output.prev_logprobs, one_call.prev_logprobs)
+        assert torch.equal(output.prev_values, one_call.prev_values)
+        assert torch.equal(output.bootstrap_values, one_call.bootstrap_values)
+        assert output.version == one_call.version
+    finally:
+        host.policy.get_value = get_value  # type: ignore[method-assign]
+        channel.close()
+        channel.unlink()

@@ -58,6 +58,16 @@ class BasePolicy(nn.Module, ABC):
     _modes: ClassVar[tuple[str, ...]] = ("train", "eval")
     """The ``mode`` values :meth:`predict_action_batch` accepts."""
 
+    values_after_actions: ClassVar[bool] = False
+    """Whether :meth:`get_value` costs about the value head alone (no shared forward to redo).
+
+    A policy that sets it also accepts ``compute_values=False`` in
+    :meth:`predict_action_batch` (``prev_values`` is then None). A rollout group
+    then sends the action chunk first and computes the values with
+    :meth:`get_value` while the env steps. The MLP policy sets it; a policy whose
+    values share an expensive forward with the actions (a VLA) leaves it False.
+    """
+
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__()
         self.check_spec(cfg, spec)
@@ -161,6 +171,7 @@ class BasePolicy(nn.Module, ABC):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        compute_values: bool = True,
     ) -> PolicyOutput:
         """Acts on a batch of observations, without gradients.
 
@@ -169,6 +180,9 @@ class BasePolicy(nn.Module, ABC):
                 other keys are ignored.
             mode: ``train`` samples; ``eval`` is deterministic (mean / argmax).
             generator: Random generator for sampling (the global one if None).
+            compute_values: False: skip the values (``prev_values`` None); the
+                caller gets them from :meth:`get_value` (see
+                :attr:`values_after_actions`).
 
         Returns:
             Actions ``[n, C, A]``, ``prev_logprobs``, ``prev_values`` ``[n, V]`` and
@@ -351,13 +365,16 @@ class ActorCriticPolicy(BasePolicy):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        compute_values: bool = True,
     ) -> PolicyOutput:
         """See :meth:`BasePolicy.predict_action_batch`.
 
-        ``prev_values`` are zeros without a value head. ``forward_inputs`` holds the
-        observation entries read (on the device they came on, so CPU images are not copied
-        back; states as float32, images as uint8) plus ``action`` (``[n, C, A]`` float32,
-        or ``[n, C, 1]`` int64 indices for discrete actions).
+        ``prev_values`` are zeros without a value head, and None with
+        ``compute_values=False`` (see :attr:`BasePolicy.values_after_actions`).
+        ``forward_inputs`` holds the observation entries read (on the device they came
+        on, so CPU images are not copied back; states as float32, images as uint8) plus
+        ``action`` (``[n, C, A]`` float32, or ``[n, C, 1]`` int64 indices for discrete
+        actions).
         """
         self._check_mode(mode)
         with torch.no_grad():
@@ -367,7 +384,7 @@ class ActorCriticPolicy(BasePolicy):
             actions, stored, logprobs = self.action_head.sample(
                 params, deterministic=mode == "eval", generator=generator
             )
-            values = self._values(features)
+            values = self._values(features) if compute_values else None
         return PolicyOutput(
             actions=actions,
             prev_logprobs=logprobs,

@@ -33,6 +33,7 @@ class MLPPolicy(ActorCriticPolicy):
     """
 
     obs_keys = ("states",)
+    values_after_actions = True  # the value MLP reads the states directly
 
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__(cfg, spec)

@@ -174,6 +174,7 @@ class SACPolicy(BasePolicy):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        compute_values: bool = True,
     ) -> PolicyOutput:
         """See :meth:`BasePolicy.predict_action_batch`; ``mode`` may also be ``random``.
 
@@ -195,7 +196,7 @@ class SACPolicy(BasePolicy):
         return PolicyOutput(
             actions=actions.float().reshape(n, 1, a),
             prev_logprobs=torch.zeros(n, a, device=states.device),
-            prev_values=self._zero_values(n, states.device),
+            prev_values=self._zero_values(n, states.device) if compute_values else None,
             forward_inputs={"states": states.float()},
         )
 

@@ -121,8 +121,21 @@ class PolicyHost:
         with worker.worker_timer("sync_weights"):
             return self.load_sync(receive)
 
+    @property
+    def values_after_actions(self) -> bool:
+        """Whether :meth:`act` may leave the values to :meth:`add_values`.
+
+        The policy's :attr:`~rlinf.embodied.models.BasePolicy.values_after_actions`.
+        """
+        return self.policy.values_after_actions
+
     def act(
-        self, messages: list[ObsMessage], mode: str, generator: torch.Generator
+        self,
+        messages: list[ObsMessage],
+        mode: str,
+        generator: torch.Generator,
+        *,
+        values: bool = True,
     ) -> PolicyOutput:
         """Acts on a batch of observation messages (one ``predict_action_batch`` call).
 
@@ -130,19 +143,40 @@ class PolicyHost:
             messages: The batch, in order (their rows are concatenated).
             mode: ``train`` samples; ``eval`` takes the deterministic action.
             generator: The sampling generator.
+            values: False (train mode, only where :attr:`values_after_actions`):
+                skip the values; :meth:`add_values` completes the output.
 
         Returns:
             On the CPU: in train mode the full :class:`PolicyOutput` (values, and
             ``bootstrap_values = V(final_obs)`` where the batch came with final
             observations) stamped with the weight version; in eval mode only the
-            action chunk ``[n, C, A]``.
+            action chunk ``[n, C, A]``. With ``values=False``, the output without
+            values, its action chunk on the CPU and the rest on the policy's device.
         """
         obs, final_obs = merge_observations(messages)
         started = time.perf_counter()
+        if not values:
+            output = self.policy.predict_action_batch(
+                obs, mode, generator=generator, compute_values=False
+            )
+            output.actions = output.actions.cpu()
+            self.infer_time += time.perf_counter() - started
+            return output
         output = self.policy.predict_action_batch(obs, mode, generator=generator)
         if mode == "eval":
             self.infer_time += time.perf_counter() - started
             return PolicyOutput(actions=output.actions.cpu())
+        return self._stamp(output, final_obs, started)
+
+    def add_values(self, output: PolicyOutput, messages: list[ObsMessage]) -> PolicyOutput:
+        """Completes an output of ``act(..., values=False)`` on the same ``messages``.
+
+        Returns:
+            The full :class:`PolicyOutput`, as :meth:`act` returns it in train mode.
+        """
+        obs, final_obs = merge_observations(messages)
+        started = time.perf_counter()
+        output.prev_values = self.policy.get_value(obs)
         return self._stamp(output, final_obs, started)
 
     def values_only(self, messages: list[ObsMessage]) -> PolicyOutput:

@@ -193,7 +193,9 @@ class MultiStepRolloutWorker(Worker):
 
         A batch of :class:`LastObs` only gets its values (no action is sampled);
         in a batch that mixes them with observations to act on, they get no action
-        chunk, only the full output.
+        chunk, only the full output. Where the policy allows it
+        (``values_after_actions``), the values are computed after the actions are
+        sent, while the env ranks step.
         """
         timeout = self.cfg.runner.channel_timeout_s
         host = self._require_host()
@@ -205,11 +207,14 @@ class MultiStepRolloutWorker(Worker):
             for key, out in zip(keys, outputs, strict=True):
                 action_channel.put(out, key=key, timeout=timeout)
             return
-        output = host.act(messages, mode, generator)
+        values_later = mode == "train" and host.values_after_actions
+        output = host.act(messages, mode, generator, values=not values_later)
         for key, part, is_last in zip(keys, split_rows(output.actions, sizes), last, strict=True):
             if not is_last:
                 action_channel.put(part, key=key, timeout=timeout)
         if mode == "eval":  # env ranks only need the actions
             return
+        if values_later:
+            output = host.add_values(output, messages)
         for key, out in zip(keys, split_policy_output(output, sizes), strict=True):
             action_channel.put(out, key=key, timeout=timeout)

@@ -427,6 +427,7 @@ class TokenVLAPolicy(_VLAPolicy):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        compute_values: bool = True,
     ) -> PolicyOutput:
         """Decodes a whole action chunk in one forward pass.
 
@@ -446,7 +447,7 @@ class TokenVLAPolicy(_VLAPolicy):
             batch = ids.shape[0]
             tokens = ids.view(batch, config.num_action_chunks, config.action_dim)
             actions = self.action_normalizer.denormalize(self.action_bins.ids_to_values(tokens))
-            values = self._values(out.values, batch)
+            values = self._values(out.values, batch) if compute_values else None
         return PolicyOutput(
             actions=actions,
             prev_logprobs=log_probs,
@@ -553,6 +554,7 @@ class FlowVLAPolicy(_VLAPolicy):
         mode: str = "train",
         *,
         generator: torch.Generator | None = None,
+        compute_values: bool = True,
     ) -> PolicyOutput:
         """Denoises an action chunk; see :meth:`BasePolicy.predict_action_batch`.
 
@@ -578,7 +580,7 @@ class FlowVLAPolicy(_VLAPolicy):
             batch = sample.chains.shape[0]
             actions = self.action_normalizer.denormalize(self._executed(sample.actions))
             log_probs = self._executed(sample.log_probs).reshape(batch, -1)
-            values = self._values_of(prefix, batch)
+            values = self._values_of(prefix, batch) if compute_values else None
         return PolicyOutput(
             actions=actions,
             prev_logprobs=log_probs,
