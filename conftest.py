@@ -13,6 +13,7 @@ import gc
 import itertools
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 _NAMESPACE_ENV = "RLINF_CHANNEL_NAMESPACE"
+_SECRET_ENV = "RLINF_CHANNEL_SECRET"
 _NAMESPACE = f"pytest{os.getpid()}"
 _SHM = Path("/dev/shm")
 _names = itertools.count()
@@ -37,6 +39,22 @@ def channel_namespace() -> Iterator[str]:
         os.environ.pop(_NAMESPACE_ENV, None)
     else:
         os.environ[_NAMESPACE_ENV] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def channel_secret() -> Iterator[str]:
+    """Gives the session one channel secret (``RLINF_CHANNEL_SECRET``; children inherit it).
+
+    Agents and remote connections of the test process and of the processes it
+    spawns then authenticate each other, as the processes of one run do.
+    """
+    previous = os.environ.get(_SECRET_ENV)
+    os.environ[_SECRET_ENV] = secret = secrets.token_hex(32)
+    yield secret
+    if previous is None:
+        os.environ.pop(_SECRET_ENV, None)
+    else:
+        os.environ[_SECRET_ENV] = previous
 
 
 def _release_created_channels() -> None:

@@ -17,16 +17,23 @@
 //! only that connection. The helper command: [`set_ucx_home_helper`], or
 //! the environment variable [`UCX_HOME_HELPER_ENV`], which wins (the Python
 //! binding sets `python -m rlinf.core.ucx_home` by itself).
+//!
+//! Every connection authenticates first ([`crate::auth`]): until the peer has
+//! proved it holds the run's secret, the agent reads no frame. A peer that does
+//! not complete the handshake within [`AgentOptions::handshake_timeout`] is
+//! dropped, and connections beyond [`AgentOptions::max_connections`] are
+//! closed at once. Each refusal is logged to stderr once per peer address.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::auth::{self, Refusal, Secret};
 use crate::channel::{Channel, ChannelError, ChannelOptions, Lease, PendingPut};
 use crate::protocol::*;
 use crate::transport::tcp::{OP_READ, OP_WRITE};
@@ -69,39 +76,124 @@ pub fn ucx_home_helper() -> Option<Vec<OsString>> {
 /// Process ids of the UCX home helpers of live connections.
 type Helpers = Arc<Mutex<Vec<u32>>>;
 
+/// Longest wait an agent does for one request (reserve, take, wait readable):
+/// clients cut blocking calls into slices of [`crate::remote::REMOTE_SLICE`],
+/// so a longer (or unbounded) timeout on the wire only ever comes from a
+/// broken or hostile peer, and must not pin a connection thread forever.
+pub const MAX_REQUEST_WAIT: Duration = Duration::from_secs(5);
+
+fn capped_wait(timeout: Option<Duration>) -> Duration {
+    timeout.map_or(MAX_REQUEST_WAIT, |t| t.min(MAX_REQUEST_WAIT))
+}
+
+/// Default of [`AgentOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// How an agent admits connections.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The secret peers must prove they hold (None: [`auth::process_secret`]).
+    pub secret: Option<Arc<Secret>>,
+    /// Live connections served at most; further ones are closed at once.
+    pub max_connections: usize,
+    /// How long a new connection may take to authenticate.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            secret: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: auth::DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+/// What the accept loop shares with the connection threads.
+struct Admission {
+    secret: Arc<Secret>,
+    max_connections: usize,
+    handshake_timeout: Duration,
+    live: AtomicUsize,
+    /// Peers whose refusal was already logged (one line per peer address).
+    logged: Mutex<HashSet<IpAddr>>,
+    helpers: Helpers,
+}
+
+impl Admission {
+    fn log_once(&self, peer: Option<IpAddr>, what: &str) {
+        let first = peer.is_none_or(|ip| {
+            self.logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(ip)
+        });
+        if first {
+            let who = peer.map_or_else(|| "?".to_owned(), |ip| ip.to_string());
+            eprintln!(
+                "rlinf channel agent: refused a connection from {who}: {what} \
+                 (logged once per peer address)"
+            );
+        }
+    }
+}
+
 /// A running agent. Dropping it stops accepting; live connections end when
 /// their peers disconnect.
 pub struct Agent {
     address: String,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
-    helpers: Helpers,
+    admission: Arc<Admission>,
 }
 
 impl Agent {
-    /// Starts an agent listening on `bind` (e.g. `"127.0.0.1:0"` for any free port).
+    /// Starts an agent listening on `bind` (e.g. `"127.0.0.1:0"` for any free
+    /// port) with default [`AgentOptions`] (the process's secret).
     ///
     /// # Errors
-    /// If the address cannot be bound.
+    /// If the address cannot be bound or the process has no usable secret.
     pub fn start(bind: &str) -> io::Result<Self> {
+        Self::start_with(bind, AgentOptions::default())
+    }
+
+    /// Starts an agent listening on `bind` with `options`.
+    ///
+    /// # Errors
+    /// If the address cannot be bound, `max_connections` is 0, or no secret is
+    /// given and the process has no usable one.
+    pub fn start_with(bind: &str, options: AgentOptions) -> io::Result<Self> {
+        if options.max_connections == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "AgentOptions::max_connections must be at least 1",
+            ));
+        }
+        let secret = match options.secret {
+            Some(secret) => secret,
+            None => auth::process_secret()?,
+        };
         let listener = TcpListener::bind(bind)?;
         let address = listener.local_addr()?.to_string();
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
-        let helpers = Helpers::default();
-        let helpers2 = Arc::clone(&helpers);
+        let admission = Arc::new(Admission {
+            secret,
+            max_connections: options.max_connections,
+            handshake_timeout: options.handshake_timeout,
+            live: AtomicUsize::new(0),
+            logged: Mutex::new(HashSet::new()),
+            helpers: Helpers::default(),
+        });
+        let admission2 = Arc::clone(&admission);
         let accept = std::thread::Builder::new()
             .name("rlinf-agent".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Acquire) {
                     match listener.accept() {
-                        Ok((stream, _)) => {
-                            let h = Arc::clone(&helpers2);
-                            let _ = std::thread::Builder::new()
-                                .name("rlinf-agent-conn".into())
-                                .spawn(move || serve(stream, h));
-                        }
+                        Ok((stream, peer)) => admit(stream, peer.ip(), &admission2),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(20));
                         }
@@ -113,14 +205,20 @@ impl Agent {
             address,
             stop,
             accept: Some(accept),
-            helpers,
+            admission,
         })
+    }
+
+    /// Connections being served (authenticating or authenticated).
+    pub fn live_connections(&self) -> usize {
+        self.admission.live.load(Ordering::Acquire)
     }
 
     /// Process ids of the UCX home helpers of this agent's live UCX
     /// connections (one each).
     pub fn ucx_helper_pids(&self) -> Vec<u32> {
-        self.helpers
+        self.admission
+            .helpers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -314,8 +412,50 @@ fn ucx_register(
     Ok(None)
 }
 
-fn serve(stream: TcpStream, helpers: Helpers) {
+/// Counts a new connection in and serves it on a thread of its own, or closes
+/// it at once when `max_connections` are live.
+fn admit(stream: TcpStream, peer: IpAddr, admission: &Arc<Admission>) {
+    let live = admission.live.fetch_add(1, Ordering::AcqRel);
+    if live >= admission.max_connections {
+        admission.live.fetch_sub(1, Ordering::AcqRel);
+        admission.log_once(
+            Some(peer),
+            &format!(
+                "{} connections are live, the most this agent serves",
+                admission.max_connections
+            ),
+        );
+        return; // dropping the stream closes it
+    }
+    let admission = Arc::clone(admission);
+    let spawned = std::thread::Builder::new()
+        .name("rlinf-agent-conn".into())
+        .spawn({
+            let admission = Arc::clone(&admission);
+            move || {
+                authenticate_then_serve(stream, peer, &admission);
+                admission.live.fetch_sub(1, Ordering::AcqRel);
+            }
+        });
+    if spawned.is_err() {
+        admission.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn authenticate_then_serve(mut stream: TcpStream, peer: IpAddr, admission: &Admission) {
     let _ = stream.set_nodelay(true);
+    match auth::agent_handshake(&mut stream, &admission.secret, admission.handshake_timeout) {
+        Ok(()) => serve(stream, Arc::clone(&admission.helpers)),
+        Err(Refusal::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            // The peer hung up during the handshake (a client that rejected our
+            // proof, or a port probe): refused, nothing was served.
+            admission.log_once(Some(peer), "closed before authenticating");
+        }
+        Err(why) => admission.log_once(Some(peer), &why.to_string()),
+    }
+}
+
+fn serve(stream: TcpStream, helpers: Helpers) {
     let mut session = Session {
         helpers,
         #[cfg(rlinf_ucx)]
@@ -425,8 +565,8 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             let handle = r.u32()?;
             let ch = s.channel(handle)?.clone();
             let (lane, total, weight) = (r.u32()?, r.u64()?, r.i64()?);
-            let (timeout, nonblocking) = (timeout_from_ms(r.i64()?), r.u8()? != 0);
-            let mut pending = ch.reserve_put(lane, total, weight, timeout, nonblocking)?;
+            let (timeout, nonblocking) = (capped_wait(timeout_from_ms(r.i64()?)), r.u8()? != 0);
+            let mut pending = ch.reserve_put(lane, total, weight, Some(timeout), nonblocking)?;
             let token = s.token();
             let mut reply = Writer::new(OK).u64(token);
             if s.ucx() {
@@ -451,11 +591,11 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
             let handle = r.u32()?;
             let ch = s.channel(handle)?.clone();
             let (lane, target) = (r.u32()?, r.i64()?);
-            let (timeout, nonblocking) = (timeout_from_ms(r.i64()?), r.u8()? != 0);
+            let (timeout, nonblocking) = (capped_wait(timeout_from_ms(r.i64()?)), r.u8()? != 0);
             let leases = if target == 0 {
-                vec![ch.get(lane, timeout, nonblocking)?]
+                vec![ch.get(lane, Some(timeout), nonblocking)?]
             } else {
-                ch.get_batch(lane, target, timeout)?
+                ch.get_batch(lane, target, Some(timeout))?
             };
             let mut w = Writer::new(OK).u32(leases.len() as u32);
             let addresses: Vec<u64> = leases
@@ -491,7 +631,8 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
         OP_WAIT_READABLE => {
             let ch = s.channel(r.u32()?)?;
             let lane = r.u32()?;
-            let timeout = timeout_from_ms(r.i64()?).unwrap_or(Duration::ZERO);
+            let timeout =
+                timeout_from_ms(r.i64()?).map_or(Duration::ZERO, |t| t.min(MAX_REQUEST_WAIT));
             Writer::new(OK)
                 .u8(ch.wait_readable(lane, timeout)? as u8)
                 .finish()

@@ -8,6 +8,7 @@
 //! - [`transport`]: the node-transport contract (one-sided writes/reads) and its TCP backend.
 //! - [`agent`], [`remote`], [`protocol`], [`wire`]: the per-node agent that serves
 //!   channels to other nodes, its client, and their control messages.
+//! - [`auth`]: the mutual challenge-response every agent connection starts with.
 //! - [`spin`]: the adaptive spin-then-sleep policy of waiters.
 //! - `sys` (private): audited wrappers over shm, mmap, flock, futex, liveness.
 //! - `ucx_sys` (private, feature `ucx`): audited wrappers over the UCX C shim.
@@ -16,6 +17,7 @@
 //! `python` feature, which maturin enables when it builds `rlinf.core._native`.
 
 pub mod agent;
+pub mod auth;
 pub mod channel;
 pub mod encoding;
 pub mod layout;
@@ -32,7 +34,7 @@ pub mod wire;
 #[cfg(feature = "python")]
 mod python;
 
-pub use agent::Agent;
+pub use agent::{Agent, AgentOptions};
 pub use channel::{
     Channel, ChannelError, ChannelOptions, Lease, PendingPut, Stats, cleanup_stale_segments,
     release_all_names, release_owned_names,

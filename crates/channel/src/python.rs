@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::{create_exception, ffi};
 
-use crate::agent::Agent;
+use crate::agent::{Agent, AgentOptions};
 use crate::channel::{Channel, ChannelError, ChannelOptions, Lease, parse_message};
 use crate::remote::RemoteChannel;
 
@@ -66,6 +66,13 @@ create_exception!(
     "The channel's shared memory failed validation."
 );
 
+create_exception!(
+    _native,
+    ChannelAuthError,
+    ChannelError_,
+    "A channel agent connection failed authentication (the run's channel secret differs)."
+);
+
 /// Messages whose header is at most this long and that have no out-of-band
 /// buffers are copied out and their block freed at once.
 const COPY_OUT_MAX: usize = 64 << 10;
@@ -81,6 +88,9 @@ fn to_py(e: ChannelError) -> PyErr {
         ChannelError::NotFound(_) => ChannelNotFound::new_err(msg),
         ChannelError::Name(_) | ChannelError::Invalid(_) => PyValueError::new_err(msg),
         ChannelError::Corrupt(_) => ChannelCorrupt::new_err(msg),
+        ChannelError::Io(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            ChannelAuthError::new_err(msg)
+        }
         ChannelError::Io(_) => PyOSError::new_err(msg),
     }
 }
@@ -626,11 +636,32 @@ struct ChannelAgent {
 
 #[pymethods]
 impl ChannelAgent {
-    /// Starts listening on `bind` (`"127.0.0.1:0"` picks a free port; use
-    /// `"0.0.0.0:PORT"` to serve other hosts).
+    /// Starts listening on `bind` (`"127.0.0.1:0"` picks a free port; give the
+    /// node's cluster address, `"10.0.0.5:0"`, to serve other hosts). Peers must
+    /// hold this process's channel secret (`set_channel_secret`, else
+    /// `RLINF_CHANNEL_SECRET`); at most `max_connections` are served at once, and
+    /// one that has not authenticated after `handshake_timeout` seconds is closed.
     #[new]
-    #[pyo3(signature = (bind="127.0.0.1:0"))]
-    fn new(py: Python<'_>, bind: &str) -> PyResult<Self> {
+    #[pyo3(signature = (bind="127.0.0.1:0", *, max_connections=crate::agent::DEFAULT_MAX_CONNECTIONS, handshake_timeout=5.0))]
+    fn new(
+        py: Python<'_>,
+        bind: &str,
+        max_connections: usize,
+        handshake_timeout: f64,
+    ) -> PyResult<Self> {
+        if max_connections == 0 {
+            return Err(PyValueError::new_err(
+                "max_connections must be at least 1 (got 0)",
+            ));
+        }
+        let handshake_timeout = match to_duration(Some(handshake_timeout))? {
+            Some(t) if !t.is_zero() => t,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "handshake_timeout must be a positive number of seconds (got {handshake_timeout})"
+                )));
+            }
+        };
         if crate::agent::ucx_home_helper().is_none() {
             // UCX connections get a helper process each: this interpreter
             // running `rlinf.core.ucx_home` (no configuration needed). An
@@ -645,9 +676,16 @@ impl ChannelAgent {
                 ]);
             }
         }
-        let agent = Agent::start(bind).map_err(|e| {
-            PyOSError::new_err(format!("cannot start the channel agent on {bind}: {e}"))
-        })?;
+        let options = AgentOptions {
+            secret: None,
+            max_connections,
+            handshake_timeout,
+        };
+        let agent = py
+            .detach(|| Agent::start_with(bind, options))
+            .map_err(|e| {
+                PyOSError::new_err(format!("cannot start the channel agent on {bind}: {e}"))
+            })?;
         let address = agent.address().to_owned();
         Ok(Self {
             agent: Some(agent),
@@ -758,6 +796,16 @@ fn ucx_home_main(py: Python<'_>) -> i32 {
     }
 }
 
+/// Sets the secret this process's channel agents and remote connections use
+/// (wins over `RLINF_CHANNEL_SECRET`); at least 16 bytes.
+#[pyfunction]
+fn set_channel_secret(secret: &str) -> PyResult<()> {
+    let secret = crate::auth::Secret::new(secret.as_bytes().to_vec())
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    crate::auth::set_process_secret(secret);
+    Ok(())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -770,6 +818,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(wait_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_home_main, m)?)?;
+    m.add_function(wrap_pyfunction!(set_channel_secret, m)?)?;
+    m.add("CHANNEL_SECRET_ENV", crate::auth::SECRET_ENV)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add("UCX_COMPILED", crate::transport::UCX_COMPILED)?;
     m.add_class::<ChannelCore>()?;
@@ -782,5 +832,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ChannelExists", py.get_type::<ChannelExists>())?;
     m.add("ChannelNotFound", py.get_type::<ChannelNotFound>())?;
     m.add("ChannelCorrupt", py.get_type::<ChannelCorrupt>())?;
+    m.add("ChannelAuthError", py.get_type::<ChannelAuthError>())?;
     Ok(())
 }

@@ -20,8 +20,17 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rlinf_channel::auth;
 use rlinf_channel::channel::parse_message;
 use rlinf_channel::{Agent, Channel, ChannelError, ChannelOptions, RemoteChannel, UcxTransport};
+
+/// The channel secret this test and its child processes share (children get it
+/// as `RLINF_CHANNEL_SECRET`).
+const TEST_SECRET: &str = "rlinf-channel test secret";
+
+fn share_test_secret() {
+    auth::set_process_secret(auth::Secret::new(TEST_SECRET).unwrap());
+}
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Upper bound of waits that must finish long before it; a failure, not a
@@ -49,14 +58,17 @@ fn opts() -> ChannelOptions {
 
 /// An agent whose UCX home helper is this package's `rlinf-ucx-home` binary.
 fn agent() -> Agent {
+    share_test_secret();
     rlinf_channel::agent::set_ucx_home_helper(vec![env!("CARGO_BIN_EXE_rlinf-ucx-home").into()]);
     Agent::start("127.0.0.1:0").unwrap()
 }
 
 fn child(role: &str, env: &[(&str, &str)]) -> Child {
+    share_test_secret();
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("RLINF_TEST_CHILD", role)
+        .env(auth::SECRET_ENV, TEST_SECRET)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .spawn()

@@ -15,12 +15,21 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rlinf_channel::auth;
 use rlinf_channel::channel::parse_message;
 use rlinf_channel::{Agent, Channel, ChannelOptions, RemoteChannel, UcxTransport};
 
 const ITEMS: u64 = 4;
 const ITEM: usize = 4 << 20;
 const BOUND: Duration = Duration::from_secs(60);
+
+/// The channel secret this test and its child processes share (children get it
+/// as `RLINF_CHANNEL_SECRET`).
+const TEST_SECRET: &str = "rlinf-channel test secret";
+
+fn share_test_secret() {
+    auth::set_process_secret(auth::Secret::new(TEST_SECRET).unwrap());
+}
 
 fn ip(args: &[&str]) -> bool {
     Command::new("ip")
@@ -67,11 +76,13 @@ impl Netns {
         } else {
             format!("rlvb{id}")
         };
+        share_test_secret();
         Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(std::env::current_exe().unwrap())
             .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env("RLINF_TEST_CHILD", role)
+            .env(auth::SECRET_ENV, TEST_SECRET)
             .env("UCX_TLS", "tcp")
             .env("UCX_NET_DEVICES", dev)
             .envs(env.iter().copied())

@@ -7,6 +7,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::{Endpoint, OpId, RemoteDesc, Transport};
+use crate::auth;
 use crate::wire::{self, Writer};
 
 /// Operation codes of the emulated one-sided operations on the wire.
@@ -30,17 +31,26 @@ impl Transport for TcpTransport {
     }
 }
 
-/// Connects a control stream to `address` (`TCP_NODELAY` set), trying each
-/// address it resolves to.
+/// Connects an authenticated control stream to `address` (`TCP_NODELAY`
+/// set), trying each address it resolves to: the handshake of
+/// [`crate::auth`] with the process's secret, within `timeout`.
+///
+/// # Errors
+/// If no address accepts the connection, or (`PermissionDenied`) the agent and
+/// this process do not share the secret.
 pub fn connect_stream(address: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let secret = auth::process_secret()?;
     let mut last = io::Error::new(
         io::ErrorKind::NotFound,
         format!("address {address:?} resolves to nothing"),
     );
     for addr in address.to_socket_addrs()? {
         match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(stream) => {
+            Ok(mut stream) => {
                 stream.set_nodelay(true)?;
+                stream.set_read_timeout(Some(timeout))?;
+                auth::client_handshake(&mut stream, &secret)?;
+                stream.set_read_timeout(None)?;
                 return Ok(stream);
             }
             Err(e) => last = e,

@@ -4,9 +4,11 @@ from collections.abc import Sequence
 from typing import Any, Self, final
 
 __all__ = [
+    "CHANNEL_SECRET_ENV",
     "SEGMENT_PREFIX",
     "UCX_COMPILED",
     "ChannelAgent",
+    "ChannelAuthError",
     "ChannelClosed",
     "ChannelCore",
     "ChannelCorrupt",
@@ -21,6 +23,7 @@ __all__ = [
     "release_all_names",
     "release_owned_names",
     "segment_name",
+    "set_channel_secret",
     "ucx_home_main",
     "ucx_unavailable_reason",
     "version",
@@ -29,6 +32,7 @@ __all__ = [
 
 SEGMENT_PREFIX: str
 UCX_COMPILED: bool
+CHANNEL_SECRET_ENV: str
 
 class ChannelError(Exception): ...
 class ChannelClosed(ChannelError): ...
@@ -37,6 +41,7 @@ class ChannelEmpty(ChannelError): ...
 class ChannelExists(ChannelError): ...
 class ChannelNotFound(ChannelError): ...
 class ChannelCorrupt(ChannelError): ...
+class ChannelAuthError(ChannelError): ...
 
 @final
 class ShmView:
@@ -120,10 +125,19 @@ class ChannelCore:
 class ChannelAgent:
     """Serves this node's channels to other nodes over TCP."""
 
-    def __new__(cls, bind: str = "127.0.0.1:0") -> Self: ...
+    def __new__(
+        cls,
+        bind: str = "127.0.0.1:0",
+        *,
+        max_connections: int = 1024,
+        handshake_timeout: float = 5.0,
+    ) -> Self: ...
     @property
     def address(self) -> str: ...
     def stop(self) -> None: ...
+
+def set_channel_secret(secret: str) -> None:
+    """Sets this process's channel secret (wins over ``RLINF_CHANNEL_SECRET``)."""
 
 def version() -> str:
     """Version of the native extension (the ``rlinf-channel`` crate)."""

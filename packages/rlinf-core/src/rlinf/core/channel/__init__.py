@@ -6,13 +6,16 @@ arrays and torch tensors travel out of band and arrive as zero-copy views
 """
 
 from rlinf.core._native import (
+    CHANNEL_SECRET_ENV,
     ChannelAgent,
+    ChannelAuthError,
     ChannelClosed,
     ChannelCorrupt,
     ChannelError,
     ChannelExists,
     ChannelNotFound,
     cleanup_stale_segments,
+    set_channel_secret,
 )
 from rlinf.core.channel.channel import (
     AGENT_ENV,
@@ -29,12 +32,14 @@ from rlinf.core.channel.resolver import ChannelResolver, get_resolver, set_resol
 
 __all__ = [
     "AGENT_ENV",
+    "CHANNEL_SECRET_ENV",
     "DEFAULT_KEY",
     "NAMESPACE_ENV",
     "TRANSPORT_ENV",
     "UCX_COMPILED",
     "Channel",
     "ChannelAgent",
+    "ChannelAuthError",
     "ChannelClosed",
     "ChannelCorrupt",
     "ChannelError",
@@ -45,6 +50,7 @@ __all__ = [
     "default_namespace",
     "get_resolver",
     "release_created_channels",
+    "set_channel_secret",
     "set_resolver",
     "ucx_unavailable_reason",
 ]
