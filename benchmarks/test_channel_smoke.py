@@ -212,3 +212,48 @@ def test_tcp_stream_64MiB_vs_zmq_tcp(namespace, interleave, record_ratio):
         target=1.0,
         floor=0.5,
     )
+
+
+def test_agent_connection_setup_with_authentication(namespace, interleave, record_ratio):
+    """What authentication adds to reaching a channel through an agent (info rows).
+
+    Three candidates against one in-process agent on loopback: a bare TCP connect
+    and close (no agent protocol at all); ``Channel.connect(address=...)``, which
+    connects, runs the HMAC handshake (two round trips) and opens the channel;
+    and the handshake alone is their difference. Connections are set up once
+    per process and channel, so this is a start-up cost, not a per-item one.
+    """
+    import socket
+
+    agent = native.ChannelAgent("127.0.0.1:0")
+    name = f"auth{uuid.uuid4().hex[:8]}"
+    home = Channel.create(name, namespace=namespace)
+    host, port = agent.address.rsplit(":", 1)
+
+    def tcp_connect() -> None:
+        socket.create_connection((host, int(port))).close()
+
+    def channel_connect() -> None:
+        Channel.connect(name, namespace=namespace, address=agent.address).close()
+
+    try:
+        stats = interleave(
+            {"tcp_connect": tcp_connect, "channel_connect": channel_connect},
+            blocks=4,
+            rounds=50,
+            warmup_rounds=20,
+        )
+    finally:
+        home.close()
+        agent.stop()
+    record_ratio(
+        "agent connection set-up: Channel.connect over TCP (connect, authenticate, open) "
+        "vs a bare TCP connect",
+        stats["channel_connect"].median * US,
+        stats["tcp_connect"].median * US,
+        unit="us",
+        baseline_name="bare TCP connect",
+        target=None,
+        floor=None,
+        higher_is_better=False,
+    )

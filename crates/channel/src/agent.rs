@@ -86,6 +86,21 @@ fn capped_wait(timeout: Option<Duration>) -> Duration {
     timeout.map_or(MAX_REQUEST_WAIT, |t| t.min(MAX_REQUEST_WAIT))
 }
 
+/// How often the accept loop checks whether the agent was stopped.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
+
+/// Waits up to [`ACCEPT_POLL`] for a connection to accept; true if one may be waiting.
+fn wait_acceptable(listener: &TcpListener) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let timeout = Timespec {
+        tv_sec: 0,
+        tv_nsec: ACCEPT_POLL.as_nanos() as _,
+    };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    // An error (EINTR) counts as "maybe": accept is non-blocking.
+    poll(&mut fds, Some(&timeout)).map_or(true, |n| n > 0)
+}
+
 /// Default of [`AgentOptions::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
@@ -192,12 +207,14 @@ impl Agent {
             .name("rlinf-agent".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Acquire) {
+                    // Wake at once for a connection, and every ACCEPT_POLL to see `stop`.
+                    if !wait_acceptable(&listener) {
+                        continue;
+                    }
                     match listener.accept() {
                         Ok((stream, peer)) => admit(stream, peer.ip(), &admission2),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(_) => std::thread::sleep(ACCEPT_POLL),
                     }
                 }
             })?;
