@@ -82,6 +82,12 @@ type Helpers = Arc<Mutex<Vec<u32>>>;
 /// broken or hostile peer, and must not pin a connection thread forever.
 pub const MAX_REQUEST_WAIT: Duration = Duration::from_secs(5);
 
+/// Most channels one connection may have open: each holds a file descriptor
+/// and a mapping of its segment, so an unbounded count would let one peer
+/// exhaust the process's descriptors or mappings (clients open one
+/// channel per connection).
+pub const MAX_SESSION_CHANNELS: usize = 256;
+
 fn capped_wait(timeout: Option<Duration>) -> Duration {
     timeout.map_or(MAX_REQUEST_WAIT, |t| t.min(MAX_REQUEST_WAIT))
 }
@@ -518,10 +524,16 @@ fn one_sided_write(stream: &mut TcpStream, frame: &[u8], s: &mut Session) -> io:
     match target {
         Some(dst) => stream.read_exact(dst), // payload lands directly in the arena block
         None => {
-            s.poisoned.insert(
-                token,
-                format!("write to token {token} at {offset}+{len} is out of range"),
-            );
+            // Only a reservation is poisoned (its publish then fails): a
+            // token nobody holds records nothing, so a stray write neither
+            // poisons the reservation that later gets that token nor grows
+            // this map.
+            if s.pending.contains_key(&token) {
+                s.poisoned.insert(
+                    token,
+                    format!("write to token {token} at {offset}+{len} is out of range"),
+                );
+            }
             io::copy(&mut stream.take(len), &mut io::sink()).map(|_| ())
         }
     }
@@ -549,6 +561,11 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
     Ok(match op {
         OP_UCX_HELLO => ucx_hello(s)?,
         OP_OPEN => {
+            if s.channels.len() >= MAX_SESSION_CHANNELS {
+                return Err(ChannelError::Invalid(format!(
+                    "a connection may open at most {MAX_SESSION_CHANNELS} channels"
+                )));
+            }
             let (ns, name, create) = (r.str()?.to_owned(), r.str()?.to_owned(), r.u8()? != 0);
             let opts = ChannelOptions {
                 max_lanes: r.u32()?,

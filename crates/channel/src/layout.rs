@@ -180,8 +180,10 @@ pub struct Geometry {
     pub total_size: u64,
 }
 
-const fn align_up(x: u64, a: u64) -> u64 {
-    x.div_ceil(a) * a
+/// `x` rounded up to a multiple of `a`; `None` when that overflows (sizes
+/// come from peers and from segment headers, so they may be near `u64::MAX`).
+const fn align_up(x: u64, a: u64) -> Option<u64> {
+    x.div_ceil(a).checked_mul(a)
 }
 
 impl Geometry {
@@ -192,15 +194,15 @@ impl Geometry {
         max_blocks: u32,
         arena_size: u64,
     ) -> Option<Self> {
-        let lanes_off = align_up(size_of::<Header>() as u64, PAGE);
+        let lanes_off = align_up(size_of::<Header>() as u64, PAGE)?;
         let lanes_bytes = (max_lanes as u64).checked_mul(size_of::<Lane>() as u64)?;
-        let slots_off = align_up(lanes_off.checked_add(lanes_bytes)?, PAGE);
+        let slots_off = align_up(lanes_off.checked_add(lanes_bytes)?, PAGE)?;
         let n_slots = (max_lanes as u64).checked_mul(lane_capacity as u64)?;
         let slots_bytes = n_slots.checked_mul(size_of::<Slot>() as u64)?;
-        let blocks_off = align_up(slots_off.checked_add(slots_bytes)?, PAGE);
+        let blocks_off = align_up(slots_off.checked_add(slots_bytes)?, PAGE)?;
         let blocks_bytes = (max_blocks as u64).checked_mul(size_of::<BlockMeta>() as u64)?;
-        let arena_off = align_up(blocks_off.checked_add(blocks_bytes)?, PAGE);
-        let arena_size = align_up(arena_size, PAGE);
+        let arena_off = align_up(blocks_off.checked_add(blocks_bytes)?, PAGE)?;
+        let arena_size = align_up(arena_size, PAGE)?;
         let total_size = arena_off.checked_add(arena_size)?;
         Some(Self {
             max_lanes,
@@ -253,6 +255,13 @@ mod tests {
         assert_eq!(class_for(64 << 20), Some(class_for(64 << 20).unwrap()));
         assert_eq!(class_size(class_for(64 << 20).unwrap()), 64 << 20);
         assert!(class_size(NUM_CLASSES - 1) >= 1 << 40);
+    }
+
+    #[test]
+    fn geometry_refuses_sizes_whose_page_rounding_overflows() {
+        for arena in [u64::MAX, u64::MAX - (PAGE - 2)] {
+            assert_eq!(Geometry::new(1, 1, 1, arena), None, "arena {arena}");
+        }
     }
 
     #[test]

@@ -138,8 +138,17 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
             format!("control frame of {len} bytes is too large"),
         ));
     }
-    buf.resize(len as usize, 0);
-    r.read_exact(buf)
+    // Grow with the bytes that arrive, not with what the prefix claims: a
+    // peer's 4 bytes must not make this side allocate a whole frame.
+    buf.clear();
+    r.take(u64::from(len)).read_to_end(buf)?;
+    if buf.len() < len as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("control frame cut short at {} of {len} bytes", buf.len()),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -179,5 +188,20 @@ mod tests {
         assert_eq!(buf, b"hello");
         let huge = (MAX_FRAME + 1).to_le_bytes();
         assert!(read_frame(&mut huge.as_slice(), &mut buf).is_err());
+    }
+
+    #[test]
+    fn a_length_prefix_alone_allocates_nothing() {
+        // Found while writing tests/agent_fuzz.rs: 4 bytes claiming MAX_FRAME
+        // made the reader allocate (and zero) the whole frame up front.
+        let mut buf = Vec::new();
+        let prefix = MAX_FRAME.to_le_bytes();
+        let err = read_frame(&mut prefix.as_slice(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(buf.capacity() < 4096, "{} bytes allocated", buf.capacity());
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &[9u8; 100_000]).unwrap();
+        read_frame(&mut wire.as_slice(), &mut buf).unwrap();
+        assert_eq!(buf, [9u8; 100_000]);
     }
 }
