@@ -53,13 +53,13 @@ import numbers
 import os
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from rlinf.core import _native
 from rlinf.core.channel.resolver import get_resolver
-from rlinf.core.channel.serialization import dumps, loads
+from rlinf.core.channel.serialization import RestrictedLoader, dumps, loads
 
 __all__ = [
     "AGENT_ENV",
@@ -240,6 +240,25 @@ def _encode_key(key: Any) -> bytes:
     return b"b" + key
 
 
+DECODE_MODES = ("pickle", "restricted")
+"""How a channel handle decodes the items it takes (``decode=``); see :class:`Channel`."""
+
+
+def _decoder(decode: str, allowed_classes: Iterable[Any]) -> RestrictedLoader | None:
+    """The restricted loader for ``decode="restricted"``, None for ``"pickle"``; checks both."""
+    if decode == "restricted":
+        return RestrictedLoader(allowed_classes)
+    if decode != "pickle":
+        choices = ", ".join(repr(m) for m in DECODE_MODES)
+        raise ValueError(f"decode must be one of {choices}, got {decode!r}")
+    if isinstance(allowed_classes, str | bytes) or tuple(allowed_classes):
+        raise ValueError(
+            f"allowed_classes applies to decode='restricted' only, got {allowed_classes!r} "
+            "with decode='pickle' (which accepts every class)"
+        )
+    return None
+
+
 _SIZE_LIMITS = {
     "maxsize": (0, 1 << 24),
     "max_keys": (1, 1 << 16),
@@ -304,13 +323,39 @@ class Channel:
     and arrive as writable views into shared memory; the memory returns to the
     channel when the last view is garbage collected.
 
+    Decoding. Items are pickles, and unpickling runs whatever code the item
+    names. The default, ``decode="pickle"``, therefore trusts every process
+    that can put into the channel: those on this node, and peers on other
+    nodes that authenticated to the channel agent with the run's secret. A
+    handle made with ``decode="restricted"`` (a per-handle, reader-side
+    option of :meth:`create` and :meth:`connect`) accepts only torch tensors,
+    numpy arrays and numeric scalars, and plain containers and values (dict,
+    list, tuple, set, OrderedDict, str, bytes, numbers, None), plus the
+    classes named in ``allowed_classes``; any other item raises
+    ``pickle.UnpicklingError`` naming what was refused, before anything in it
+    is imported or called
+    (:class:`~rlinf.core.channel.serialization.RestrictedLoader`). A ``get``
+    then takes about 1.2x as long (10-30 us more per item: a dict of eight
+    4 KiB tensors and five scalars, or one 16 MiB tensor; the rows of
+    ``benchmarks/test_channel_decode.py``). A refused item is taken from the
+    channel and dropped, so it cannot block its key: the ``get`` that took it
+    raises, and the item's memory returns to the channel once that exception
+    is released. Restricted handles pickle (to Ray actors) with their mode
+    and allowed classes.
+
     A created channel belongs to the creating process, not to the object: it
     stays until that process ends, someone calls :meth:`unlink`, or the
     process calls :func:`release_created_channels` (see the module docstring).
     """
 
     def __init__(
-        self, core: _native.ChannelCore, name: str, namespace: str, address: str | None = None
+        self,
+        core: _native.ChannelCore,
+        name: str,
+        namespace: str,
+        address: str | None = None,
+        *,
+        decoder: RestrictedLoader | None = None,
     ) -> None:
         """Wraps a native handle; use :meth:`create` or :meth:`connect` instead."""
         _register_exit_hooks()
@@ -318,6 +363,8 @@ class Channel:
         self._name = name
         self._namespace = namespace
         self._address = address
+        self._decoder = decoder
+        self._loads: Callable[[Any, Any], Any] = loads if decoder is None else decoder.loads
         # Lane cache: str keys by value (the common case, no encoding cost);
         # other keys by their encoding, so 1, True and 1.0 stay distinct keys.
         self._str_lanes: dict[str, int] = {}
@@ -336,6 +383,8 @@ class Channel:
         capacity_bytes: int = 1 << 30,
         exist_ok: bool = False,
         address: str | None = None,
+        decode: str = "pickle",
+        allowed_classes: Iterable[Any] = (),
     ) -> Channel:
         """Creates a channel that lives until this process ends, not just this object.
 
@@ -360,14 +409,22 @@ class Channel:
                 the channel there (its home) and reach it over TCP. This
                 process then keeps its connection to that agent open until it
                 ends, calls :func:`release_created_channels` or :meth:`unlink`.
+            decode: How this handle decodes what it takes, ``"pickle"``
+                (default: trusts every writer) or ``"restricted"`` (tensors,
+                arrays and plain data only); see :meth:`connect`.
+            allowed_classes: With ``decode="restricted"``, further classes
+                or functions to accept; see :meth:`connect`.
 
         Returns:
             The channel.
 
         Raises:
-            ValueError: For bad names or sizes (the message names the argument).
+            ValueError: For bad names, sizes, ``decode`` values (one of
+                ``DECODE_MODES``) or ``allowed_classes`` entries (the message
+                names the argument); nothing is created then.
             rlinf.core._native.ChannelExists: If it exists and not ``exist_ok``.
         """
+        decoder = _decoder(decode, allowed_classes)
         _check_sizes(
             maxsize=maxsize, max_keys=max_keys, max_items=max_items, capacity_bytes=capacity_bytes
         )
@@ -383,11 +440,14 @@ class Channel:
         except _native.ChannelExists:
             if not exist_ok:
                 raise
-            return cls.connect(name, namespace=namespace, address=address)
+            allowed = () if decoder is None else decoder.allowed_classes
+            return cls.connect(
+                name, namespace=namespace, address=address, decode=decode, allowed_classes=allowed
+            )
         resolver = get_resolver()
         if address is None and resolver is not None:
             resolver.on_create(namespace, name)
-        return cls(core, name, namespace, address)
+        return cls(core, name, namespace, address, decoder=decoder)
 
     @classmethod
     def connect(
@@ -397,6 +457,8 @@ class Channel:
         namespace: str | None = None,
         timeout: float = 0.0,
         address: str | None = None,
+        decode: str = "pickle",
+        allowed_classes: Iterable[Any] = (),
     ) -> Channel:
         """Connects to an existing channel, waiting up to ``timeout`` s for it to appear.
 
@@ -407,10 +469,28 @@ class Channel:
             address: ``host:port`` of the agent on the channel's home node, for
                 a channel on another node (payloads then travel over TCP).
                 Defaults to ``$RLINF_CHANNEL_AGENT`` if set, else shared memory.
+            decode: How this handle decodes the items it takes (the
+                channel and its writers are unaffected): ``"pickle"`` (the
+                default) unpickles anything, so it trusts every writer: the
+                processes of this node and the peers authenticated to the
+                channel agent. ``"restricted"`` accepts tensors, numpy arrays
+                and scalars and plain containers only (and ``allowed_classes``),
+                and refuses any other item with ``pickle.UnpicklingError``
+                before running any of it; a ``get`` then takes about 1.2x as
+                long (see :class:`Channel`).
+            allowed_classes: With ``decode="restricted"``: further classes or
+                functions to accept, as objects or ``"module:qualname"``
+                strings, matched exactly by module and qualified name. Allow
+                only what is safe to construct from untrusted data (a plain
+                dataclass is; anything whose ``__init__``, ``__new__`` or
+                ``__setstate__`` acts on its arguments may not be).
 
         Raises:
+            ValueError: For a bad ``decode`` value (one of ``DECODE_MODES``)
+                or ``allowed_classes`` entry (the message names the argument).
             rlinf.core._native.ChannelNotFound: If it does not exist in time.
         """
+        decoder = _decoder(decode, allowed_classes)
         namespace = namespace or default_namespace()
         explicit = address or os.environ.get(AGENT_ENV) or None
         resolver = None if explicit else get_resolver()
@@ -427,7 +507,7 @@ class Channel:
                 else:
                     core = _native.ChannelCore.connect_remote(address, namespace, name)
                     _note_transport(core, address)
-                return cls(core, name, namespace, address)
+                return cls(core, name, namespace, address, decoder=decoder)
             except _native.ChannelNotFound:
                 if time.monotonic() >= deadline:
                     raise
@@ -438,13 +518,17 @@ class Channel:
         # another node reconnects through that node's agent.
         resolver = get_resolver()
         home = resolver.node_key() if resolver is not None and self._address is None else None
-        return (_connect, (self._name, self._namespace, self._address, home))
+        args: tuple[Any, ...] = (self._name, self._namespace, self._address, home)
+        if self._decoder is not None:  # the allowed classes by name: importable there
+            args += ("restricted", self._decoder.allowed_classes)
+        return (_connect, args)
 
     def __repr__(self) -> str:
         where = "shm" if self._address is None else f"tcp://{self._address}"
+        decode = "" if self._decoder is None else ", decode='restricted'"
         return (
             f"Channel({self._name!r}, namespace={self._namespace!r}, maxsize={self.maxsize}, "
-            f"via={where})"
+            f"via={where}{decode})"
         )
 
     # ----- properties -----------------------------------------------------------
@@ -462,6 +546,16 @@ class Channel:
     def address(self) -> str | None:
         """Agent address when the channel is reached through an agent, else None (shared memory)."""
         return self._address
+
+    @property
+    def decode(self) -> str:
+        """How this handle decodes items, ``"pickle"`` or ``"restricted"`` (:class:`Channel`)."""
+        return "pickle" if self._decoder is None else "restricted"
+
+    @property
+    def allowed_classes(self) -> tuple[str, ...]:
+        """Extra classes a restricted handle accepts, as ``"module:qualname"`` (else empty)."""
+        return () if self._decoder is None else self._decoder.allowed_classes
 
     @property
     def transport(self) -> str:
@@ -532,6 +626,8 @@ class Channel:
         Raises:
             TimeoutError: If none arrives within ``timeout`` seconds.
             ChannelClosed: If the channel is closed and the key drained.
+            pickle.UnpicklingError: With ``decode="restricted"``, if the item
+                is refused (it is taken and dropped).
         """
         lane = self._lane(key)
         if timeout is None:  # the hot path: no deadline bookkeeping
@@ -541,21 +637,23 @@ class Channel:
                     message = get(lane, _SLICE_S, False)
                 except TimeoutError:
                     continue
-                return loads(*message)
+                return self._loads(*message)
         header, views = _sliced(lambda t: self._core.get(lane, t, False), timeout)
-        return loads(header, views)
+        return self._loads(header, views)
 
     def get_nowait(self, key: Any = DEFAULT_KEY) -> Any:
         """Takes the next item without waiting.
 
         Raises:
             asyncio.QueueEmpty: If the key has no item ready.
+            pickle.UnpicklingError: With ``decode="restricted"``, if the item
+                is refused (it is taken and dropped).
         """
         try:
             header, views = self._core.get(self._lane(key), None, True)
         except _native.ChannelEmpty:
             raise asyncio.QueueEmpty from None
-        return loads(header, views)
+        return self._loads(header, views)
 
     def get_batch(
         self, target_weight: int, key: Any = DEFAULT_KEY, timeout: float | None = None
@@ -570,12 +668,32 @@ class Channel:
             ValueError: If ``target_weight`` <= 0, or the next item's weight
                 would overshoot the target before it is reached.
             TimeoutError: If the target is not reached within ``timeout``.
+            pickle.UnpicklingError: With ``decode="restricted"``, if an item
+                is refused: the whole batch was taken and is dropped (the
+                error's note says which item).
         """
         if target_weight <= 0:
             raise ValueError(f"target_weight must be > 0, got {target_weight}")
         lane = self._lane(key)
         batch = _sliced(lambda t: self._core.get_batch(lane, target_weight, t), timeout)
+        if self._decoder is not None:
+            return self._decode_batch(batch)
         return [loads(header, views) for header, views in batch]
+
+    def _decode_batch(self, batch: list[Any]) -> list[Any]:
+        """Decodes a batch with the restricted loader; a refused item drops the whole batch."""
+        loads_restricted = self._loads
+        items: list[Any] = []
+        for index, (header, views) in enumerate(batch):
+            try:
+                items.append(loads_restricted(header, views))
+            except pickle.UnpicklingError as err:
+                err.add_note(
+                    f"item {index} of a batch of {len(batch)} was refused; the whole batch "
+                    "was taken from the channel and is dropped"
+                )
+                raise
+        return items
 
     # ----- asyncio --------------------------------------------------------------
     async def aput(
@@ -617,7 +735,7 @@ class Channel:
         while True:
             try:
                 header, views = self._core.get(lane, None, True)
-                return loads(header, views)
+                return self._loads(header, views)
             except _native.ChannelEmpty:
                 pass
             wait = _SLICE_S
@@ -630,7 +748,7 @@ class Channel:
     async def aget_batch(
         self, target_weight: int, key: Any = DEFAULT_KEY, timeout: float | None = None
     ) -> list[Any]:
-        """Async ``get_batch`` (runs in a worker thread)."""
+        """Async ``get_batch`` (runs in a worker thread; decodes as ``get_batch`` does)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             _pool(), lambda: self.get_batch(target_weight, key, timeout)
@@ -690,10 +808,22 @@ class Channel:
 
 
 def _connect(
-    name: str, namespace: str, address: str | None = None, home: str | None = None
+    name: str,
+    namespace: str,
+    address: str | None = None,
+    home: str | None = None,
+    decode: str = "pickle",
+    allowed_classes: tuple[str, ...] = (),
 ) -> Channel:
     resolver = get_resolver()
     remote_home = resolver is not None and home is not None and home != resolver.node_key()
     if address is None and remote_home:
         address = resolver.agent_address(home)  # type: ignore[union-attr, arg-type]
-    return Channel.connect(name, namespace=namespace, timeout=10.0, address=address)
+    return Channel.connect(
+        name,
+        namespace=namespace,
+        timeout=10.0,
+        address=address,
+        decode=decode,
+        allowed_classes=allowed_classes,
+    )
