@@ -214,6 +214,36 @@ def test_tcp_stream_64MiB_vs_zmq_tcp(namespace, interleave, record_ratio):
     )
 
 
+def test_tcp_stream_64MiB_tls_vs_plain(namespace, interleave, record_ratio):
+    """64 MiB numpy arrays streamed over loopback TCP through an agent, TLS vs plain (info).
+
+    Both peers are our agent path (``ours_tcp``); the TLS one connects with
+    ``RLINF_CHANNEL_TLS=1``, so every payload byte is encrypted by the
+    producer and decrypted by the agent (AES-GCM or ChaCha20-Poly1305,
+    whichever TLS 1.3 negotiates) and copied once more through rustls's
+    buffers. The price of the option, measured, not a goal.
+    """
+    if not native.TLS_COMPILED:
+        pytest.skip("the extension was built without the `tls` cargo feature")
+    impls = ["ours_tcp_tls", "ours_tcp"]
+    size = 64 * MiB
+    with contextlib.ExitStack() as stack:
+        peers = {i: stack.enter_context(peer(i, namespace)) for i in impls}
+        cells = {i: prepare(p, "stream", "numpy", size) for i, p in peers.items()}
+        stats = interleave({i: c.fn for i, c in cells.items()}, blocks=3, rounds=2, warmup_rounds=2)
+    gbps = {i: cells[i].bytes_per_round / stats[i].median / 1e9 for i in impls}
+    print(f"GB/s: TLS {gbps['ours_tcp_tls']:.2f}, plain {gbps['ours_tcp']:.2f}")
+    record_ratio(
+        "channel 64 MiB numpy stream over TCP: TLS vs plain",
+        gbps["ours_tcp_tls"],
+        gbps["ours_tcp"],
+        unit="GB/s",
+        baseline_name="plain TCP",
+        target=None,
+        floor=None,
+    )
+
+
 def test_agent_connection_setup_with_authentication(namespace, interleave, record_ratio):
     """What authentication adds to reaching a channel through an agent (info rows).
 

@@ -33,6 +33,7 @@ from chbench.payloads import MiB, make_payload, payload_nbytes
 from chbench.transports import (
     CTL,
     MpQueueTransport,
+    OursTcpTlsTransport,
     OursTcpTransport,
     OursTransport,
     ShmSlotTransport,
@@ -142,6 +143,8 @@ def open_peer(impl: str, namespace: str, max_item_bytes: int = 64 * MiB) -> Any:
         transport: Any = OursTransport(max_item_bytes, namespace)
     elif impl == "ours_tcp":
         transport = OursTcpTransport(max_item_bytes, namespace)
+    elif impl == "ours_tcp_tls":
+        transport = OursTcpTlsTransport(max_item_bytes, namespace)
     elif impl == "mp_queue":
         transport = MpQueueTransport(max_item_bytes, namespace)
     elif impl == "shm_slot":

@@ -241,26 +241,31 @@ class OursTcpTransport(OursTransport):
     """
 
     name = "ours_tcp"
+    tls = False
+    """Whether the producer's connection asks for TLS (``RLINF_CHANNEL_TLS=1``)."""
 
     def _open(self) -> Any:
-        from rlinf.core.channel import TRANSPORT_ENV, Channel, ChannelAgent
+        from rlinf.core.channel import TLS_ENV, TRANSPORT_ENV, Channel, ChannelAgent
 
         spec = super()._open()
         self.agent = ChannelAgent("127.0.0.1:0")
         # Our TCP transport, whatever the environment says: with UCX in the
-        # extension, `auto` would pick UCX.
-        old = os.environ.get(TRANSPORT_ENV)
-        os.environ[TRANSPORT_ENV] = "tcp"
+        # extension, `auto` would pick UCX. TLS exactly as this peer asks.
+        wanted = {TRANSPORT_ENV: "tcp", TLS_ENV: "1" if self.tls else "0"}
+        old = {k: os.environ.get(k) for k in wanted}
+        os.environ.update(wanted)
         try:
             self.remote = Channel.connect(
                 self.ch.name, namespace=self.namespace, address=self.agent.address
             )
         finally:
-            if old is None:
-                os.environ.pop(TRANSPORT_ENV, None)
-            else:
-                os.environ[TRANSPORT_ENV] = old
-        assert self.remote.transport == "tcp", self.remote.transport
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        expected = "tcp+tls" if self.tls else "tcp"
+        assert self.remote.transport == expected, self.remote.transport
         self.ep = _SplitEndpoint(self.ch, self.remote, rx="ack", tx="data")
         return spec
 
@@ -270,6 +275,13 @@ class OursTcpTransport(OursTransport):
         if agent is not None:
             agent.stop()
         super()._close()
+
+
+class OursTcpTlsTransport(OursTcpTransport):
+    """As :class:`OursTcpTransport`, with the producer's connection encrypted by TLS."""
+
+    name = "ours_tcp_tls"
+    tls = True
 
 
 # ----- multiprocessing.Queue ------------------------------------------------------------

@@ -23,6 +23,12 @@
 //! not complete the handshake within [`AgentOptions::handshake_timeout`] is
 //! dropped, and connections beyond [`AgentOptions::max_connections`] are
 //! closed at once. Each refusal is logged to stderr once per peer address.
+//!
+//! Plain and TLS clients share the port ([`crate::tls`]): the agent peeks at
+//! a connection's first byte, and a TLS ClientHello gets the TLS handshake
+//! (with the `tls` feature) before the challenge-response, which then runs
+//! inside TLS. A TLS connection is served exactly like a plain one, except
+//! that it cannot say the UCX hello (UCX would move its payloads outside TLS).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -36,6 +42,7 @@ use std::time::Duration;
 use crate::auth::{self, Refusal, Secret};
 use crate::channel::{Channel, ChannelError, ChannelOptions, Lease, PendingPut};
 use crate::protocol::*;
+use crate::tls::{self, ServerIdentity, Stream};
 use crate::transport::tcp::{OP_READ, OP_WRITE};
 use crate::wire::{self, Reader, Writer};
 
@@ -140,6 +147,8 @@ struct Admission {
     /// Peers whose refusal was already logged (one line per peer address).
     logged: Mutex<HashSet<IpAddr>>,
     helpers: Helpers,
+    /// The certificate TLS clients get, made on the first one.
+    tls: ServerIdentity,
 }
 
 impl Admission {
@@ -207,6 +216,7 @@ impl Agent {
             live: AtomicUsize::new(0),
             logged: Mutex::new(HashSet::new()),
             helpers: Helpers::default(),
+            tls: ServerIdentity::default(),
         });
         let admission2 = Arc::clone(&admission);
         let accept = std::thread::Builder::new()
@@ -276,6 +286,8 @@ struct Session {
     /// A clone of the control stream (closed when the UCX helper dies).
     #[cfg(rlinf_ucx)]
     control: Option<TcpStream>,
+    /// Whether the connection is TLS (it may then not say the UCX hello).
+    encrypted: bool,
     helpers: Helpers,
     channels: Vec<Channel>,
     pending: HashMap<u64, PendingPut>,
@@ -465,10 +477,10 @@ fn admit(stream: TcpStream, peer: IpAddr, admission: &Arc<Admission>) {
     }
 }
 
-fn authenticate_then_serve(mut stream: TcpStream, peer: IpAddr, admission: &Admission) {
+fn authenticate_then_serve(stream: TcpStream, peer: IpAddr, admission: &Admission) {
     let _ = stream.set_nodelay(true);
-    match auth::agent_handshake(&mut stream, &admission.secret, admission.handshake_timeout) {
-        Ok(()) => serve(stream, Arc::clone(&admission.helpers)),
+    match authenticate(stream, admission) {
+        Ok(stream) => serve(stream, Arc::clone(&admission.helpers)),
         Err(Refusal::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
             // The peer hung up during the handshake (a client that rejected our
             // proof, or a port probe): refused, nothing was served.
@@ -478,11 +490,28 @@ fn authenticate_then_serve(mut stream: TcpStream, peer: IpAddr, admission: &Admi
     }
 }
 
-fn serve(stream: TcpStream, helpers: Helpers) {
+/// Runs the handshake: TLS first if the peer's first byte opens a TLS
+/// ClientHello, then the challenge-response (bound to TLS if any).
+fn authenticate(mut stream: TcpStream, admission: &Admission) -> Result<Stream, Refusal> {
+    let timeout = admission.handshake_timeout;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut first = [0u8; 1];
+    if stream.peek(&mut first)? == 0 {
+        return Err(Refusal::Io(io::ErrorKind::UnexpectedEof.into()));
+    }
+    if first[0] == tls::CLIENT_HELLO_FIRST_BYTE {
+        return tls::accept(stream, &admission.tls, &admission.secret, timeout);
+    }
+    auth::agent_handshake(&mut stream, &admission.secret, timeout)?;
+    Ok(Stream::Plain(stream))
+}
+
+fn serve(stream: Stream, helpers: Helpers) {
     let mut session = Session {
         helpers,
         #[cfg(rlinf_ucx)]
-        control: stream.try_clone().ok(),
+        control: stream.tcp().try_clone().ok(),
+        encrypted: stream.is_tls(),
         ..Session::default()
     };
     let mut stream = stream;
@@ -514,7 +543,7 @@ fn serve(stream: TcpStream, helpers: Helpers) {
     end_session(session);
 }
 
-fn one_sided_write(stream: &mut TcpStream, frame: &[u8], s: &mut Session) -> io::Result<()> {
+fn one_sided_write(stream: &mut Stream, frame: &[u8], s: &mut Session) -> io::Result<()> {
     let mut r = Reader::new(&frame[1..]);
     let (token, offset, len) = (r.u64()?, r.u64()?, r.u64()?);
     let target = s.pending.get_mut(&token).and_then(|p| {
@@ -539,7 +568,7 @@ fn one_sided_write(stream: &mut TcpStream, frame: &[u8], s: &mut Session) -> io:
     }
 }
 
-fn one_sided_read(stream: &mut TcpStream, frame: &[u8], s: &Session) -> io::Result<()> {
+fn one_sided_read(stream: &mut Stream, frame: &[u8], s: &Session) -> io::Result<()> {
     let mut r = Reader::new(&frame[1..]);
     let (token, offset, len) = (r.u64()?, r.u64()?, r.u64()?);
     let src = s.leases.get(&token).and_then(|l| {
@@ -559,6 +588,7 @@ fn handle(frame: &[u8], s: &mut Session) -> Result<Vec<u8>, ChannelError> {
     let mut r = Reader::new(frame);
     let op = r.u8()?;
     Ok(match op {
+        OP_UCX_HELLO if s.encrypted => return Err(ChannelError::Invalid(tls::UCX_OVER_TLS.into())),
         OP_UCX_HELLO => ucx_hello(s)?,
         OP_OPEN => {
             if s.channels.len() >= MAX_SESSION_CHANNELS {

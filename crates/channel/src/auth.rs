@@ -8,12 +8,40 @@
 //! challenge, and closes the connection on a wrong proof, a malformed greeting
 //! or silence longer than its handshake timeout.
 //!
+//! The bytes, all fields of fixed length (`||` is concatenation):
+//!
+//! ```text
+//! client -> agent  "RLINFAU1" || client_nonce[32]
+//! agent -> client  "RLINFAU1" || agent_nonce[32]
+//!                  || HMAC(secret, "rlinf-channel agent"  || client_nonce || agent_nonce || binding)
+//! client -> agent  HMAC(secret, "rlinf-channel client" || agent_nonce || client_nonce || binding)
+//! agent -> client  0 (accepted) or 1 (refused, then the agent closes)
+//! ```
+//!
+//! `binding` is empty on a plain connection and 32 bytes of TLS exporter
+//! output ([`TLS_EXPORTER_LABEL`], RFC 8446 section 7.5) on a TLS one.
+//!
 //! What it protects: nobody without the secret can open, reserve, put, take,
 //! list or say the UCX hello on an agent, so no item from such a peer reaches
-//! a consumer (and is never unpickled). What it does not: the bytes of an
-//! authenticated connection travel in clear and are not integrity-protected
-//! after the handshake, so an attacker who can rewrite packets on the path can
-//! read or hijack the connection; keep agents on a trusted cluster network.
+//! a consumer (and is never unpickled). What it does not: on a plain
+//! connection the bytes travel in clear and are not integrity-protected after
+//! the handshake, so an attacker who can rewrite packets on the path can read
+//! or hijack the connection; keep such agents on a trusted cluster network.
+//!
+//! With TLS (the `tls` feature, [`crate::tls`]) the secret still authenticates
+//! and TLS only encrypts: the client accepts any certificate (agents make a
+//! self-signed one; there is no CA to check it against), so TLS alone would not
+//! tell the client whom it is talking to. The binding ties the two together.
+//! The challenge-response runs inside the TLS stream and both tags also cover
+//! the connection's exporter value, which both TLS endpoints derive from the
+//! handshake's secrets and nobody else can compute. A man in the middle who
+//! terminates TLS towards the client and opens a second TLS (or plain)
+//! connection to the agent holds two connections with different exporter
+//! values (or none), so a proof computed for one does not verify on the other,
+//! and without the secret he cannot compute a fresh one: the client refuses
+//! the agent's proof and the agent never accepts his. An authenticated TLS
+//! connection therefore ends at a holder of the secret, and its bytes are
+//! confidential and integrity-protected from there on.
 //!
 //! The secret of a process: [`set_process_secret`], else the environment
 //! variable [`SECRET_ENV`], else one generated at random on first use (enough
@@ -41,7 +69,14 @@ pub const MIN_SECRET_BYTES: usize = 16;
 /// How long an agent waits for a peer to complete the handshake.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-const MAGIC: &[u8; 8] = b"RLINFAU1";
+/// The label of the TLS exporter value a TLS connection's tags cover.
+pub const TLS_EXPORTER_LABEL: &[u8] = b"EXPORTER-rlinf-channel-auth";
+
+/// Bytes of TLS exporter output the tags of a TLS connection cover.
+pub const BINDING_BYTES: usize = 32;
+
+/// The first bytes a client sends on a plain connection.
+pub const MAGIC: &[u8; 8] = b"RLINFAU1";
 const NONCE_BYTES: usize = 32;
 const TAG_BYTES: usize = 32;
 const AGENT_LABEL: &[u8] = b"rlinf-channel agent";
@@ -92,11 +127,14 @@ impl Secret {
         Self::new(hex.into_bytes())
     }
 
-    fn tag(&self, label: &[u8], first: &[u8], second: &[u8]) -> HmacSha256 {
+    /// HMAC(secret, label || first || second || binding); `binding` is empty
+    /// on a plain connection (the tag is then the same as without it).
+    fn tag(&self, label: &[u8], first: &[u8], second: &[u8], binding: &[u8]) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         mac.update(label);
         mac.update(first);
         mac.update(second);
+        mac.update(binding);
         mac
     }
 }
@@ -143,7 +181,7 @@ fn auth_error(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, message)
 }
 
-/// Runs the client side of the handshake on a freshly connected stream.
+/// Runs the client side of the handshake on a freshly connected plain stream.
 ///
 /// # Errors
 /// `PermissionDenied` if the agent does not prove it holds `secret` or
@@ -152,6 +190,22 @@ pub fn client_handshake(stream: &mut TcpStream, secret: &Secret) -> io::Result<(
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    client_exchange(stream, &peer, secret, &[])
+}
+
+/// The client side of the handshake on any stream (a plain one, or the
+/// plaintext side of a TLS one), with the tags covering `binding` (empty on
+/// a plain connection, the TLS exporter value on a TLS one). `peer` names
+/// the agent in errors.
+///
+/// # Errors
+/// As [`client_handshake`].
+pub fn client_exchange(
+    stream: &mut (impl Read + Write),
+    peer: &str,
+    secret: &Secret,
+    binding: &[u8],
+) -> io::Result<()> {
     let mut client_nonce = [0u8; NONCE_BYTES];
     fill_random(&mut client_nonce)?;
     let mut hello = Vec::with_capacity(MAGIC.len() + NONCE_BYTES);
@@ -174,20 +228,26 @@ pub fn client_handshake(stream: &mut TcpStream, secret: &Secret) -> io::Result<(
         )));
     }
     secret
-        .tag(AGENT_LABEL, &client_nonce, agent_nonce)
+        .tag(AGENT_LABEL, &client_nonce, agent_nonce, binding)
         .verify_slice(agent_tag)
         .map_err(|_| {
+            let tls = if binding.is_empty() {
+                ""
+            } else {
+                " or the TLS connection does not end at the agent (an interceptor in between)"
+            };
             auth_error(format!(
                 "channel authentication failed: the agent at {peer} does not hold this \
-                 process's channel secret ({SECRET_ENV}); processes of one run must share it \
-                 (the Cluster sets it for its workers)"
+                 process's channel secret ({SECRET_ENV}){tls}; processes of one run must share \
+                 it (the Cluster sets it for its workers)"
             ))
         })?;
     let proof = secret
-        .tag(CLIENT_LABEL, agent_nonce, &client_nonce)
+        .tag(CLIENT_LABEL, agent_nonce, &client_nonce, binding)
         .finalize()
         .into_bytes();
     stream.write_all(&proof)?;
+    stream.flush()?;
     let mut verdict = [REFUSED];
     stream.read_exact(&mut verdict)?;
     if verdict[0] != ACCEPTED {
@@ -207,6 +267,9 @@ pub enum Refusal {
     WrongSecret,
     /// The stream failed or the peer stayed silent past the timeout.
     Io(io::Error),
+    /// A TLS client the agent could not serve: the TLS handshake failed, or
+    /// the agent was built without the `tls` feature.
+    Tls(String),
 }
 
 impl fmt::Display for Refusal {
@@ -215,6 +278,7 @@ impl fmt::Display for Refusal {
             Self::NotAGreeting => write!(f, "not an RLinf channel greeting"),
             Self::WrongSecret => write!(f, "wrong channel secret"),
             Self::Io(e) => write!(f, "handshake not completed: {e}"),
+            Self::Tls(why) => write!(f, "TLS: {why}"),
         }
     }
 }
@@ -225,8 +289,9 @@ impl From<io::Error> for Refusal {
     }
 }
 
-/// Runs the agent side of the handshake: the peer must complete it within
-/// `timeout`. The stream's read timeout is cleared again on success.
+/// Runs the agent side of the handshake on a plain stream: the peer must
+/// complete it within `timeout`. The stream's timeouts are cleared again on
+/// success.
 ///
 /// # Errors
 /// The [`Refusal`]; the caller closes the connection.
@@ -237,6 +302,22 @@ pub fn agent_handshake(
 ) -> Result<(), Refusal> {
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    agent_exchange(stream, secret, &[])?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(())
+}
+
+/// The agent side of the handshake on any stream, with the tags covering
+/// `binding` (see [`client_exchange`]). The caller bounds the time it takes.
+///
+/// # Errors
+/// The [`Refusal`]; the caller closes the connection.
+pub fn agent_exchange(
+    stream: &mut (impl Read + Write),
+    secret: &Secret,
+    binding: &[u8],
+) -> Result<(), Refusal> {
     let mut hello = [0u8; 8 + NONCE_BYTES];
     stream.read_exact(&mut hello)?;
     let (magic, client_nonce) = hello.split_at(8);
@@ -246,7 +327,7 @@ pub fn agent_handshake(
     let mut agent_nonce = [0u8; NONCE_BYTES];
     fill_random(&mut agent_nonce)?;
     let tag = secret
-        .tag(AGENT_LABEL, client_nonce, &agent_nonce)
+        .tag(AGENT_LABEL, client_nonce, &agent_nonce, binding)
         .finalize()
         .into_bytes();
     let mut challenge = Vec::with_capacity(8 + NONCE_BYTES + TAG_BYTES);
@@ -254,19 +335,19 @@ pub fn agent_handshake(
     challenge.extend_from_slice(&agent_nonce);
     challenge.extend_from_slice(&tag);
     stream.write_all(&challenge)?;
+    stream.flush()?;
     let mut proof = [0u8; TAG_BYTES];
     stream.read_exact(&mut proof)?;
     if secret
-        .tag(CLIENT_LABEL, &agent_nonce, client_nonce)
+        .tag(CLIENT_LABEL, &agent_nonce, client_nonce, binding)
         .verify_slice(&proof)
         .is_err()
     {
-        let _ = stream.write_all(&[REFUSED]);
+        let _ = stream.write_all(&[REFUSED]).and_then(|()| stream.flush());
         return Err(Refusal::WrongSecret);
     }
     stream.write_all(&[ACCEPTED])?;
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
+    stream.flush()?;
     Ok(())
 }
 
@@ -306,6 +387,50 @@ mod tests {
         assert!(err.to_string().contains(SECRET_ENV), "{err}");
         // The client stops at the agent's proof, so the agent sees the stream end.
         assert!(matches!(a, Err(Refusal::Io(_))), "{a:?}");
+    }
+
+    #[test]
+    fn the_binding_changes_both_tags_and_empty_leaves_them_as_plain() {
+        let s = Secret::new(*b"0123456789abcdef").unwrap();
+        let (a, b) = ([1u8; NONCE_BYTES], [2u8; NONCE_BYTES]);
+        let tag = |label, binding: &[u8]| s.tag(label, &a, &b, binding).finalize().into_bytes();
+        for label in [AGENT_LABEL, CLIENT_LABEL] {
+            let plain = tag(label, &[]);
+            let mut direct = HmacSha256::new_from_slice(b"0123456789abcdef").unwrap();
+            direct.update(label);
+            direct.update(&a);
+            direct.update(&b);
+            assert_eq!(
+                plain,
+                direct.finalize().into_bytes(),
+                "plain tags are unchanged"
+            );
+            let one = tag(label, &[7u8; BINDING_BYTES]);
+            let other = tag(label, &[8u8; BINDING_BYTES]);
+            assert_ne!(plain, one);
+            assert_ne!(one, other, "different exporter values give different tags");
+        }
+    }
+
+    /// Both ends hold the secret but see different bindings (two TLS
+    /// connections spliced by a relay): neither accepts the other.
+    #[test]
+    fn mismatched_bindings_fail_the_handshake() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let secret = Secret::new(*b"0123456789abcdef").unwrap();
+        let agent_secret = secret.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            agent_exchange(&mut s, &agent_secret, &[1u8; BINDING_BYTES])
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        let err = client_exchange(&mut c, "relay", &secret, &[2u8; BINDING_BYTES]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("interceptor"), "{err}");
+        drop(c);
+        assert!(matches!(server.join().unwrap(), Err(Refusal::Io(_))));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`agent`], [`remote`], [`protocol`], [`wire`]: the per-node agent that serves
 //!   channels to other nodes, its client, and their control messages.
 //! - [`auth`]: the mutual challenge-response every agent connection starts with.
+//! - [`tls`]: optional TLS on agent connections (feature `tls`), and the stream
+//!   type (plain or TLS) the agent and the TCP transport read and write.
 //! - [`spin`]: the adaptive spin-then-sleep policy of waiters.
 //! - `sys` (private): audited wrappers over shm, mmap, flock, futex, liveness.
 //! - `ucx_sys` (private, feature `ucx`): audited wrappers over the UCX C shim.
@@ -26,6 +28,7 @@ pub mod protocol;
 pub mod remote;
 pub mod spin;
 mod sys;
+pub mod tls;
 pub mod transport;
 #[cfg(rlinf_ucx)]
 mod ucx_sys;
@@ -40,7 +43,7 @@ pub use channel::{
     release_all_names, release_owned_names,
 };
 pub use remote::RemoteChannel;
-pub use transport::tcp::TcpTransport;
+pub use transport::tcp::{TcpTransport, TlsTransport};
 #[cfg(rlinf_ucx)]
 pub use transport::ucx::UcxTransport;
 

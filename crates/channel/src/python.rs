@@ -431,7 +431,8 @@ impl ChannelCore {
     }
 
     /// The transport moving payloads: `"shm"` for a local channel, else what
-    /// `RLINF_CHANNEL_TRANSPORT` selected (`"tcp"`, `"ucx"`).
+    /// `RLINF_CHANNEL_TRANSPORT` selected (`"tcp"`, `"ucx"`), `"tcp+tls"` with
+    /// `RLINF_CHANNEL_TLS=1`.
     #[getter]
     fn transport(&self) -> &'static str {
         match &self.core {
@@ -634,6 +635,11 @@ struct ChannelAgent {
     address: String,
 }
 
+const _: () = assert!(
+    crate::agent::DEFAULT_MAX_CONNECTIONS == 1024,
+    "ChannelAgent's max_connections default must equal agent::DEFAULT_MAX_CONNECTIONS"
+);
+
 #[pymethods]
 impl ChannelAgent {
     /// Starts listening on `bind` (`"127.0.0.1:0"` picks a free port; give the
@@ -641,8 +647,11 @@ impl ChannelAgent {
     /// hold this process's channel secret (`set_channel_secret`, else
     /// `RLINF_CHANNEL_SECRET`); at most `max_connections` are served at once, and
     /// one that has not authenticated after `handshake_timeout` seconds is closed.
+    /// Plain and TLS clients (`RLINF_CHANNEL_TLS=1`) are served on the same port.
     #[new]
-    #[pyo3(signature = (bind="127.0.0.1:0", *, max_connections=crate::agent::DEFAULT_MAX_CONNECTIONS, handshake_timeout=5.0))]
+    // A literal default, so that Python's signature shows it (pyo3 renders a
+    // path as `...`); the assertion below keeps it equal to the agent's.
+    #[pyo3(signature = (bind="127.0.0.1:0", *, max_connections=1024, handshake_timeout=5.0))]
     fn new(
         py: Python<'_>,
         bind: &str,
@@ -822,6 +831,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CHANNEL_SECRET_ENV", crate::auth::SECRET_ENV)?;
     m.add("SEGMENT_PREFIX", crate::naming::SEGMENT_PREFIX)?;
     m.add("UCX_COMPILED", crate::transport::UCX_COMPILED)?;
+    m.add("TLS_COMPILED", crate::tls::TLS_COMPILED)?;
     m.add_class::<ChannelCore>()?;
     m.add_class::<ShmView>()?;
     m.add_class::<ChannelAgent>()?;

@@ -16,7 +16,9 @@
 //! [`select`] picks the transport from `RLINF_CHANNEL_TRANSPORT`
 //! (`auto`, `tcp`, `ucx`); `ucx` exists when the crate is built with the
 //! `ucx` feature on a machine with UCX's headers (see [`ucx`]), and works
-//! where UCX's runtime library loads ([`ucx_unavailable`]).
+//! where UCX's runtime library loads ([`ucx_unavailable`]). TCP connections
+//! are encrypted with TLS when `RLINF_CHANNEL_TLS=1` ([`crate::tls`]), which
+//! rules UCX out.
 //!
 //! [`tcp::TcpTransport`] implements the contract over TCP: the home node's
 //! agent emulates the one-sided operations by `recv`-ing directly into the
@@ -153,12 +155,39 @@ pub fn select(value: Option<&str>) -> io::Result<Arc<dyn Transport>> {
     }
 }
 
-/// [`select`] applied to the environment.
+/// [`select`] applied to the environment, after checking
+/// [`crate::tls::TLS_ENV`]: with TLS asked for, `auto` always picks TCP (with
+/// TLS), and `ucx` is an error naming both variables.
 ///
 /// # Errors
-/// As [`select`].
+/// As [`select`] and [`crate::tls::parse`], or `ucx` with TLS.
 pub fn from_env() -> io::Result<Arc<dyn Transport>> {
-    select(std::env::var(TRANSPORT_ENV).ok().as_deref())
+    let value = std::env::var(TRANSPORT_ENV).ok();
+    select_with_tls(value.as_deref(), crate::tls::requested()?)
+}
+
+/// [`select`] for a client that asks for TLS (`tls`) or not.
+///
+/// # Errors
+/// As [`select`], or `ucx` with `tls` (the error names both variables).
+pub fn select_with_tls(value: Option<&str>, tls: bool) -> io::Result<Arc<dyn Transport>> {
+    if tls && value.map(str::trim) == Some("ucx") {
+        return Err(ucx_with_tls());
+    }
+    select(value)
+}
+
+/// The error of a client asking for both UCX and TLS.
+pub(crate) fn ucx_with_tls() -> io::Error {
+    use crate::tls::TLS_ENV;
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{TRANSPORT_ENV}=ucx and {TLS_ENV}=1 cannot be combined: UCX moves payloads \
+             outside the TLS stream, so they would travel unencrypted; unset {TLS_ENV} to use \
+             UCX, or set {TRANSPORT_ENV}=tcp (or auto) to keep TLS"
+        ),
+    )
 }
 
 #[cfg(rlinf_ucx)]
@@ -223,22 +252,25 @@ impl Transport for Auto {
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
+        // With TLS, payloads must stay inside the TLS stream: TCP only.
         #[cfg(rlinf_ucx)]
         if let Some(ucx) = self.ucx.as_ref().filter(|u| u.worker().is_ok()) {
-            match ucx.connect(address, timeout) {
-                Ok(ep) => return Ok(ep),
-                // The agent itself is unreachable: TCP would fail the same way.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionRefused
-                            | io::ErrorKind::NotFound
-                            | io::ErrorKind::AddrNotAvailable
-                    ) =>
-                {
-                    return Err(e);
+            if !crate::tls::requested()? {
+                match ucx.connect(address, timeout) {
+                    Ok(ep) => return Ok(ep),
+                    // The agent itself is unreachable: TCP would fail the same way.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionRefused
+                                | io::ErrorKind::NotFound
+                                | io::ErrorKind::AddrNotAvailable
+                        ) =>
+                    {
+                        return Err(e);
+                    }
+                    Err(_) => {} // no UCX path to this agent: fall back to TCP
                 }
-                Err(_) => {} // no UCX path to this agent: fall back to TCP
             }
         }
         tcp::TcpTransport.connect(address, timeout)
@@ -248,6 +280,22 @@ impl Transport for Auto {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ucx_with_tls_names_both_variables() {
+        let err = select_with_tls(Some(" ucx "), true).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let msg = err.to_string();
+        for part in [
+            "RLINF_CHANNEL_TRANSPORT=ucx",
+            "RLINF_CHANNEL_TLS=1",
+            "outside the TLS stream",
+        ] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert_eq!(select_with_tls(Some("tcp"), true).unwrap().name(), "tcp");
+        assert!(select_with_tls(None, true).is_ok());
+    }
 
     #[test]
     fn select_names_the_variable_value_and_choices() {

@@ -1,5 +1,5 @@
 //! The TCP transport: control frames and emulated one-sided operations over
-//! one stream per endpoint.
+//! one stream per endpoint, plain or (feature `tls`) encrypted with TLS.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{Endpoint, OpId, RemoteDesc, Transport};
 use crate::auth;
+use crate::tls::{self, Stream};
 use crate::wire::{self, Writer};
 
 /// Operation codes of the emulated one-sided operations on the wire.
@@ -15,7 +16,8 @@ pub const OP_WRITE: u8 = 0xF0;
 /// See [`OP_WRITE`].
 pub const OP_READ: u8 = 0xF1;
 
-/// TCP, with `TCP_NODELAY` and keepalive (a dead peer is noticed by the OS).
+/// TCP, with `TCP_NODELAY` and keepalive (a dead peer is noticed by the OS);
+/// encrypted with TLS when [`tls::TLS_ENV`] asks for it at connect.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TcpTransport;
 
@@ -25,32 +27,38 @@ impl Transport for TcpTransport {
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
-        Ok(Box::new(TcpEndpoint::new(connect_stream(
-            address, timeout,
-        )?)?))
+        let stream = connect_secured(address, timeout, tls::requested()?)?;
+        Ok(Box::new(TcpEndpoint::new(stream)?))
     }
 }
 
-/// Connects an authenticated control stream to `address` (`TCP_NODELAY`
-/// set), trying each address it resolves to: the handshake of
-/// [`crate::auth`] with the process's secret, within `timeout`.
-///
-/// # Errors
-/// If no address accepts the connection, or (`PermissionDenied`) the agent and
-/// this process do not share the secret.
-pub fn connect_stream(address: &str, timeout: Duration) -> io::Result<TcpStream> {
-    let secret = auth::process_secret()?;
+/// TCP with TLS on every connection, whatever [`tls::TLS_ENV`] says (an
+/// error if this build lacks the `tls` feature).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TlsTransport;
+
+impl Transport for TlsTransport {
+    fn name(&self) -> &'static str {
+        "tcp+tls"
+    }
+
+    fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
+        let stream = connect_secured(address, timeout, true)?;
+        Ok(Box::new(TcpEndpoint::new(stream)?))
+    }
+}
+
+/// Opens a TCP connection to `address` (`TCP_NODELAY` set), trying each
+/// address it resolves to.
+fn dial(address: &str, timeout: Duration) -> io::Result<TcpStream> {
     let mut last = io::Error::new(
         io::ErrorKind::NotFound,
         format!("address {address:?} resolves to nothing"),
     );
     for addr in address.to_socket_addrs()? {
         match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(mut stream) => {
+            Ok(stream) => {
                 stream.set_nodelay(true)?;
-                stream.set_read_timeout(Some(timeout))?;
-                auth::client_handshake(&mut stream, &secret)?;
-                stream.set_read_timeout(None)?;
                 return Ok(stream);
             }
             Err(e) => last = e,
@@ -59,17 +67,52 @@ pub fn connect_stream(address: &str, timeout: Duration) -> io::Result<TcpStream>
     Err(last)
 }
 
-/// One TCP connection to an agent.
+/// Connects an authenticated plain control stream to `address`
+/// (`TCP_NODELAY` set), trying each address it resolves to: the handshake
+/// of [`crate::auth`] with the process's secret, within `timeout`.
+///
+/// # Errors
+/// If no address accepts the connection, or (`PermissionDenied`) the agent and
+/// this process do not share the secret.
+pub fn connect_stream(address: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let secret = auth::process_secret()?;
+    let mut stream = dial(address, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    auth::client_handshake(&mut stream, &secret)?;
+    stream.set_read_timeout(None)?;
+    Ok(stream)
+}
+
+/// Connects an authenticated control stream to `address`: plain as
+/// [`connect_stream`], or with `tls` a TLS connection whose handshake of
+/// [`crate::auth`] runs inside TLS, bound to it ([`tls::connect`]).
+///
+/// # Errors
+/// As [`connect_stream`]; with `tls`, also if TLS fails or this build lacks it.
+pub fn connect_secured(address: &str, timeout: Duration, tls: bool) -> io::Result<Stream> {
+    if !tls {
+        return connect_stream(address, timeout).map(Stream::Plain);
+    }
+    let secret = auth::process_secret()?;
+    let stream = dial(address, timeout)?;
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| address.to_owned(), |a| a.to_string());
+    tls::connect(stream, &peer, &secret, timeout)
+}
+
+/// One TCP connection to an agent, plain or TLS.
 pub struct TcpEndpoint {
-    stream: TcpStream,
+    stream: Stream,
     next_op: OpId,
     done: VecDeque<(OpId, io::Result<()>)>,
 }
 
 impl TcpEndpoint {
-    /// Wraps a connected stream.
-    pub fn new(stream: TcpStream) -> io::Result<Self> {
-        stream.set_nodelay(true)?;
+    /// Wraps a connected stream (a `TcpStream`, or a [`Stream`]).
+    pub fn new(stream: impl Into<Stream>) -> io::Result<Self> {
+        let stream = stream.into();
+        stream.tcp().set_nodelay(true)?;
         Ok(Self {
             stream,
             next_op: 1,
@@ -160,5 +203,13 @@ impl Endpoint for TcpEndpoint {
         let n = self.done.len();
         done.extend(self.done.drain(..));
         Ok(n)
+    }
+
+    fn transport(&self) -> &'static str {
+        if self.stream.is_tls() {
+            "tcp+tls"
+        } else {
+            "tcp"
+        }
     }
 }

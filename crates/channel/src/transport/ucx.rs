@@ -105,6 +105,9 @@ impl Transport for UcxTransport {
     }
 
     fn connect(&self, address: &str, timeout: Duration) -> io::Result<Box<dyn Endpoint>> {
+        if crate::tls::requested()? {
+            return Err(super::ucx_with_tls());
+        }
         let worker = self.worker()?;
         let mut stream = super::tcp::connect_stream(address, timeout)?;
         wire::write_frame(&mut stream, &Writer::new(OP_UCX_HELLO).finish())?;

@@ -6,6 +6,7 @@ from typing import Any, Self, final
 __all__ = [
     "CHANNEL_SECRET_ENV",
     "SEGMENT_PREFIX",
+    "TLS_COMPILED",
     "UCX_COMPILED",
     "ChannelAgent",
     "ChannelAuthError",
@@ -32,6 +33,7 @@ __all__ = [
 
 SEGMENT_PREFIX: str
 UCX_COMPILED: bool
+TLS_COMPILED: bool
 CHANNEL_SECRET_ENV: str
 
 class ChannelError(Exception): ...

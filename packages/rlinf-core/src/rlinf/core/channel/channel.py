@@ -91,6 +91,19 @@ backend is faster than UCX over TCP (docs/channel.md). ``UCX_TLS`` and the other
 value raises ``ValueError`` naming the variable, the value and the choices.
 """
 
+TLS_ENV = "RLINF_CHANNEL_TLS"
+"""Set to ``1`` on a client to encrypt its agent connections with TLS (``0`` or unset: plain TCP).
+
+Read at each ``connect``. Agents serve plain and TLS clients on the same
+port. The channel secret still authenticates (inside TLS, bound to it); TLS
+encrypts. UCX is refused over TLS: ``RLINF_CHANNEL_TRANSPORT=ucx`` together
+with ``RLINF_CHANNEL_TLS=1`` raises ``ValueError``, and ``auto`` picks TCP.
+See docs/channel.md, "Who can reach a channel".
+"""
+
+TLS_COMPILED: bool = _native.TLS_COMPILED
+"""Whether this build of the extension includes TLS (the ``tls`` cargo feature)."""
+
 UCX_COMPILED: bool = _native.UCX_COMPILED
 """Whether this build of the extension includes the UCX transport.
 
@@ -559,7 +572,7 @@ class Channel:
 
     @property
     def transport(self) -> str:
-        """What moves payloads: ``"shm"`` (this node), ``"tcp"`` or ``"ucx"`` (through an agent)."""
+        """What moves payloads: ``"shm"`` on this node, else ``"tcp"``, ``"tcp+tls"``, ``"ucx"``."""
         return self._core.transport
 
     @property
