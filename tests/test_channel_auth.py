@@ -26,7 +26,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,15 +104,6 @@ def _handshake(sock: socket.socket, secret: bytes | None) -> int:
         proof = hmac.new(secret, CLIENT_LABEL + agent_nonce + client_nonce, hashlib.sha256).digest()
     sock.sendall(proof)
     return _recv_exact(sock, 1)[0]
-
-
-@pytest.fixture
-def agent() -> Iterator[ChannelAgent]:
-    a = ChannelAgent("127.0.0.1:0")
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 def test_the_right_secret_is_served_by_the_raw_protocol(agent: ChannelAgent) -> None:

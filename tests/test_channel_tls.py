@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -61,15 +60,6 @@ _TLS_PRODUCER = textwrap.dedent(
     print("PUT")
     """
 )
-
-
-@pytest.fixture
-def agent() -> Iterator[ChannelAgent]:
-    a = ChannelAgent("127.0.0.1:0")
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 def _run_producer(agent: ChannelAgent, name: str, seed: int, env: dict[str, str]) -> str:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 # Bound of waits that must succeed long before it (spawned children import numpy
 # and the channel first: seconds on 2 busy cores); no pass depends on speed.
 WAIT_S = 120.0
-
-
-@pytest.fixture
-def agent() -> Iterator[ChannelAgent]:
-    a = ChannelAgent("127.0.0.1:0")
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 _UCX_MISSING = ucx_unavailable_reason()
