@@ -25,6 +25,12 @@ targets' positions in red/green/blue order (``obs_mode: state``), and
 ``task_ids`` [n] int64 into ``EnvSpec.instructions`` (3 phrasings x 3 colours).
 Reward (``env_kwargs: {reward: sparse|shaped}``): ``sparse`` is 1 on the
 success step; ``shaped`` adds the decrease of the distance to the target.
+``env_kwargs: {instruction_text: true}`` adds ``instruction_text`` (each env's
+instruction as UTF-8 bytes, :mod:`rlinf.core.protocols.instruction_text`), which
+language policies read instead of ``task_ids``; ``instruction_perturbation:
+swap_colour`` makes that text name the next colour (red -> green -> blue -> red)
+while the target stays, a language-grounding check: a policy that reads the
+instruction should then fail. ``task_ids`` always name the true task.
 ``env_kwargs: {wrist_camera: true}`` (``rgb`` only) adds ``wrist_images``, the
 same size as ``main_images``: a view that moves with the agent (centred on
 it, 2x zoom, so half the arena wide), with the area outside the arena grey.
@@ -43,6 +49,7 @@ import torch
 from numpy.typing import NDArray
 
 from rlinf.core.protocols.embodied import EnvSpec
+from rlinf.core.protocols.instruction_text import INSTRUCTION_TEXT_KEY, encode_instruction_text
 from rlinf.embodied.envs.base import Obs, StepResult, VectorEnv
 from rlinf.embodied.envs.registry import register_env
 
@@ -65,6 +72,8 @@ _DEFAULT_STEPS = 16
 _DEFAULT_IMAGE = (32, 32)
 _MIN_IMAGE = 16
 _REWARDS = ("sparse", "shaped")
+_PERTURBATIONS = ("none", "swap_colour")
+_OPTIONS = ("reward", "wrist_camera", "instruction_text", "instruction_perturbation")
 
 
 @register_env("lang_reach")
@@ -81,12 +90,29 @@ class LangReachEnv(VectorEnv):
                 "(each colour on its own corner) or env_id: random (colours dealt per episode)"
             )
         self._refuse_gpu("lang_reach", "it runs in torch on the CPU")
-        extra = set(cfg.env_kwargs) - {"reward", "wrist_camera"}
+        extra = set(cfg.env_kwargs) - set(_OPTIONS)
         if extra:
             raise ValueError(
                 f"env_kwargs {sorted(extra)} are not lang_reach options; they are "
-                "reward: sparse|shaped and wrist_camera: true|false"
+                "reward: sparse|shaped, wrist_camera: true|false, instruction_text: "
+                "true|false and instruction_perturbation: none|swap_colour"
             )
+        perturbation = str(cfg.env_kwargs.get("instruction_perturbation", "none"))
+        if perturbation not in _PERTURBATIONS:
+            raise ValueError(
+                f"env_kwargs.instruction_perturbation={perturbation!r}; use 'none' or "
+                "'swap_colour' (the text names the next colour; the target stays)"
+            )
+        self._text_table: torch.Tensor | None = None
+        if perturbation == "swap_colour" or cfg.env_kwargs.get("instruction_text", False):
+            texts = INSTRUCTIONS
+            if perturbation == "swap_colour":
+                texts = tuple(
+                    t.format(COLOURS[(c + 1) % len(COLOURS)])
+                    for c in range(len(COLOURS))
+                    for t in _TEMPLATES
+                )
+            self._text_table = encode_instruction_text(texts)
         self._reward_mode = str(cfg.env_kwargs.get("reward", "sparse"))
         if self._reward_mode not in _REWARDS:
             raise ValueError(
@@ -203,6 +229,8 @@ class LangReachEnv(VectorEnv):
     def _observe(self, rows: torch.Tensor | slice = slice(None)) -> Obs:
         """Observations of the envs in ``rows`` (all by default), as new tensors."""
         obs: Obs = {"task_ids": self._task[rows].clone()}
+        if self._text_table is not None:
+            obs[INSTRUCTION_TEXT_KEY] = self._text_table[self._task[rows]]
         if self._rgb:
             obs["main_images"] = self._render(rows)
             if self._wrist:

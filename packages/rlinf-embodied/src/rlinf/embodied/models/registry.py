@@ -30,6 +30,8 @@ _POLICIES: dict[str, type[BasePolicy]] = {}
 _BUILTIN: dict[str, str] = {
     "token_vla": "rlinf.embodied.models.vla.policy",
     "flow_vla": "rlinf.embodied.models.vla.policy",
+    "pi0": "rlinf.embodied.models.vla.pi0.policy",
+    "openvla": "rlinf.embodied.models.vla.openvla.policy",
 }
 """Built-in policies whose module is imported on first use (VLAs import transformers)."""
 

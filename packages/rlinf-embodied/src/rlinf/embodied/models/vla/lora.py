@@ -28,6 +28,7 @@ Why this shape:
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -93,8 +94,17 @@ def _matches(name: str, suffix: str) -> bool:
     return name == suffix or name.endswith("." + suffix)
 
 
-def _check_targets(model: nn.Module, targets: list[str]) -> None:
-    names = [name for name, module in model.named_modules() if isinstance(module, _LORA_LEAF_TYPES)]
+def _scoped_pattern(scope: str, suffixes: list[str]) -> str:
+    """PEFT's regex form of ``target_modules``: the suffixes, under ``scope`` only."""
+    return rf"^{re.escape(scope)}\..*\.({'|'.join(re.escape(s) for s in suffixes)})$"
+
+
+def _check_targets(model: nn.Module, targets: list[str], scope: str | None = None) -> None:
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, _LORA_LEAF_TYPES) and (scope is None or name.startswith(scope + "."))
+    ]
     unmatched = [target for target in targets if not any(_matches(n, target) for n in names)]
     if unmatched:
         raise ValueError(
@@ -148,7 +158,7 @@ def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield head, module
 
 
-def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
+def apply_lora(model: PreTrainedModel, cfg: LoRAConfig, *, scope: str | None = None) -> PeftModel:
     """Adds LoRA adapters to ``model`` in place and returns the PEFT wrapper.
 
     Every weight except the adapters and the heads (``value_head``, ``noise_head``)
@@ -159,6 +169,8 @@ def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
     Args:
         model: A loaded VLA model (not yet wrapped).
         cfg: The ``actor.model.lora`` section.
+        scope: Adapt only modules under this name prefix (pi0: ``model.vlm``, the VLM
+            part); None: anywhere in the model.
 
     Returns:
         The ``PeftModel``; ``.get_base_model()`` is ``model`` itself, now with adapters.
@@ -169,13 +181,13 @@ def apply_lora(model: PreTrainedModel, cfg: LoRAConfig) -> PeftModel:
     """
     if cfg.path is None:
         targets = cfg.modules
-        _check_targets(model, targets)
+        _check_targets(model, targets, scope)
         lora_config = LoraConfig(
             r=cfg.rank,
             # PEFT annotates lora_alpha as int but only divides by r: a float is fine
             lora_alpha=cast(int, cfg.lora_alpha),
             lora_dropout=cfg.dropout,
-            target_modules=targets,
+            target_modules=targets if scope is None else _scoped_pattern(scope, targets),
             init_lora_weights=_LORA_INIT,
             bias="none",
         )
