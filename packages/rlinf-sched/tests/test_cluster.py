@@ -38,6 +38,26 @@ def test_starts_a_local_cluster_and_stops_it(no_ray) -> None:
     assert not ray.is_initialized()
 
 
+def test_a_run_without_a_namespace_gets_its_own(no_ray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs on one machine must not share channel names (/dev/shm is machine-wide)."""
+    from rlinf.core.channel import NAMESPACE_ENV, Channel, default_namespace
+
+    monkeypatch.delenv(NAMESPACE_ENV, raising=False)
+    with Cluster(num_nodes=1, num_cpus=1):
+        first = default_namespace()
+        assert first.startswith("run-") and os.environ[NAMESPACE_ENV] == first
+        # Worker groups hand default_namespace() to every rank's environment.
+        channel = Channel.create("ns-check")
+        assert channel.namespace == first
+    assert NAMESPACE_ENV not in os.environ
+    with Cluster(num_nodes=1, num_cpus=1):
+        assert default_namespace().startswith("run-") and default_namespace() != first
+    monkeypatch.setenv(NAMESPACE_ENV, "mine")
+    with Cluster(num_nodes=1, num_cpus=1):
+        assert default_namespace() == "mine"  # an explicit one is kept
+    assert os.environ[NAMESPACE_ENV] == "mine"
+
+
 def test_missing_nodes_fail_with_a_clear_message(no_ray) -> None:
     with pytest.raises(
         ClusterError, match=r"waited 1 s for 3 nodes but 1 joined.*lower cluster.num_nodes"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import tempfile
 import time
@@ -26,6 +27,7 @@ import ray
 
 from rlinf.core._native import parse_segment_name
 from rlinf.core.channel import (
+    NAMESPACE_ENV,
     cleanup_stale_segments,
     default_namespace,
     release_created_channels,
@@ -76,6 +78,11 @@ class Cluster(ClosesOnExit):
         timeout: Seconds to wait for nodes and probes.
         num_cpus: CPUs of a newly started local cluster (default: all).
 
+    The driver's ``Cluster`` also picks the run's channel namespace when
+    ``$RLINF_CHANNEL_NAMESPACE`` is unset (``run-<pid>-<random>``, handed to every
+    worker and dropped again on :meth:`close`): shared-memory channel names are
+    machine-wide, so two runs on one machine never reach each other's channels.
+
     Raises:
         ClusterError: If nodes are missing after ``timeout``, or node ranks
             are duplicated or out of range.
@@ -99,6 +106,7 @@ class Cluster(ClosesOnExit):
             raise ValueError(f"num_nodes must be >= 1 (or None), got {num_nodes}")
         self._owns_ray = False
         self._closed = False
+        self._own_namespace = False
         if not ray.is_initialized():
             started = time.monotonic()
             self._owns_ray = _connect_or_start(address, num_cpus)
@@ -116,6 +124,11 @@ class Cluster(ClosesOnExit):
         # The directory lets channels and point-to-point traffic find their
         # home nodes; a Cluster in a worker process reuses the driver's.
         self._owns_directory = get_directory() is None
+        # Shared-memory channel names are machine-wide: a run that names no namespace
+        # gets its own, so two runs on one machine never open each other's channels.
+        self._own_namespace = self._owns_directory and NAMESPACE_ENV not in os.environ
+        if self._own_namespace:
+            os.environ[NAMESPACE_ENV] = f"run-{os.getpid()}-{secrets.token_hex(4)}"
         self._directory = get_directory(create=True)
         install_resolver(self._directory)
         _log.info(
@@ -203,6 +216,8 @@ class Cluster(ClosesOnExit):
             _log.info("released %d channel(s) created by this process", released)
         if removed:
             _log.info("removed %d stale channel segment(s)", len(removed))
+        if self._own_namespace:
+            os.environ.pop(NAMESPACE_ENV, None)
 
     def shutdown(self) -> None:
         """Deprecated name of :meth:`close`."""
