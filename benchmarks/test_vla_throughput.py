@@ -1,9 +1,25 @@
 """Tiny VLAs beside the MLP policy: predict and train samples/s, and bytes per chunk step.
 
-The two tiny VLA families (``make_tiny_vla``: ~0.2 M parameters, 32x32 images,
-C = 4 actions of A = 2 per call) and an MLP policy of the default size act on
-the same batch of 64 lang_reach observations, one thread each, in interleaved
-blocks (``interleave``):
+Two tiny VLAs with random weights, both reading a 32x32 image, the instruction
+and the 2 state numbers and giving C = 4 actions of A = 2 per call, beside an
+MLP policy of the default size:
+
+- ``tiny pi0`` (``model_type: pi0``): transformers' stock
+  ``PI0ForConditionalGeneration`` at a tiny size (``make_tiny_pi0``: 2-layer
+  SigLIP, Gemma and Gemma action expert; 4 denoising steps, ``flow_sampler:
+  sde``, ``flow_start: zero``), 225,136 parameters (222,632 in the network,
+  2,504 in the RL heads: value and noise std);
+- ``tiny OpenVLA-OFT`` (``model_type: openvla``, ``decode_mode: parallel``):
+  ``make_tiny_openvla`` (DINOv2 + SigLIP towers, a 2-layer Llama of width 64,
+  the C x A action tokens of a call in one pass), 300,400 parameters with its
+  value head;
+- the MLP policy: 267,792 parameters.
+
+Counts: ``sum(p.numel() for p in policy.parameters())`` of the built policies
+(the test prints them); every policy has an ``action_level`` value head.
+
+They act on the same batch of 64 lang_reach observations, one thread each, in
+interleaved blocks (``interleave``):
 
 - ``predict``: ``predict_action_batch(obs, "train")`` (what a rollout rank
   does per chunk step), samples/s;
@@ -42,19 +58,55 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+VLAS = {"pi0": "tiny pi0", "openvla_oft": "tiny OpenVLA-OFT"}
+"""Parametrisation id -> the VLA's name in the rows."""
+
+
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BasePolicy]:
-    from rlinf.embodied.models.vla.tiny import make_tiny_vla
+    from rlinf.embodied.envs.lang_reach import INSTRUCTIONS
+    from rlinf.embodied.models.vla.openvla.tiny import make_tiny_openvla
+    from rlinf.embodied.models.vla.pi0.tiny import make_tiny_pi0
 
     root = tmp_path_factory.mktemp("vlas")
     spec = make_env(EnvConfig(env_type="lang_reach", env_id="fixed", obs_mode="rgb")).spec
-    out: dict[str, BasePolicy] = {
-        "MLP policy": build_policy(PolicyConfig(model_type="mlp", num_action_chunks=4), spec)
+    pi0_path = make_tiny_pi0(
+        root / "pi0", instructions=INSTRUCTIONS, action_dim=2, chunk_size=4, state_dim=2
+    )
+    oft_path = make_tiny_openvla(
+        root / "openvla_oft",
+        decode_mode="parallel",
+        action_dim=2,
+        num_action_chunks=4,
+        instructions=INSTRUCTIONS,
+        state_dim=2,
+        add_value_head=True,
+        value_type="action_level",
+    )
+    configs = {
+        "MLP policy": PolicyConfig(model_type="mlp", num_action_chunks=4),
+        VLAS["pi0"]: PolicyConfig(
+            model_type="pi0",
+            model_path=pi0_path,
+            num_action_chunks=4,
+            flow_sampler="sde",
+            flow_start="zero",
+            add_value_head=True,
+            value_type="action_level",
+        ),
+        VLAS["openvla_oft"]: PolicyConfig(
+            model_type="openvla",
+            model_path=oft_path,
+            num_action_chunks=4,
+            temperature=1.0,
+            top_k=0,
+            add_value_head=True,
+            value_type="action_level",
+        ),
     }
-    for kind in ("token", "flow"):
-        path = make_tiny_vla(kind, root / kind, state_dim=2, value_type="action_level")  # type: ignore[arg-type]
-        cfg = PolicyConfig(model_type=f"{kind}_vla", model_path=path, num_action_chunks=4)
-        out[f"tiny {kind} VLA"] = build_policy(cfg, spec)
+    out = {name: build_policy(cfg, spec) for name, cfg in configs.items()}
+    for name, policy in out.items():
+        print(f"{name}: {sum(p.numel() for p in policy.parameters()):,} parameters")
     return out
 
 
@@ -76,7 +128,7 @@ def _train_step(policy: BasePolicy, inputs: dict[str, torch.Tensor]) -> Callable
     return step
 
 
-@pytest.mark.parametrize("kind", ["token", "flow"])
+@pytest.mark.parametrize("kind", list(VLAS))
 def test_vla_cost_beside_the_mlp(  # type: ignore[no-untyped-def]
     kind: str,
     policies: dict[str, BasePolicy],
@@ -84,7 +136,7 @@ def test_vla_cost_beside_the_mlp(  # type: ignore[no-untyped-def]
     interleave,
     record_ratio,
 ) -> None:
-    vla_name, mlp_name = f"tiny {kind} VLA", "MLP policy"
+    vla_name, mlp_name = VLAS[kind], "MLP policy"
     vla, mlp = policies[vla_name], policies[mlp_name]
     vla_inputs = vla.predict_action_batch(observations, "train").forward_inputs
     mlp_inputs = mlp.predict_action_batch(observations, "train").forward_inputs

@@ -152,11 +152,16 @@ class Pi0Policy(BasePolicy):
         heads_path = path / HEADS_FILE
         if heads_path.is_file():
             self._load_heads(heads_path)
+        # The expert's vocabulary embedding is in the checkpoint layout but no forward
+        # reads it (the expert takes embeddings): no gradients or optimizer state for it.
+        model.model.dit.embed_tokens.requires_grad_(False)
         peft_model = None
         if cfg.lora is not None:
             peft_model = apply_lora(model, cfg.lora, scope=_LORA_SCOPE)
             # Adapters go on the VLM only; the action expert and its projections train fully.
-            for part in (model.model.dit, model.embed_action_time, model.action_out_proj):
+            for part in (model.model.dit.layers, model.model.dit.norm):
+                part.requires_grad_(True)
+            for part in (model.embed_action_time, model.action_out_proj):
                 part.requires_grad_(True)
         object.__setattr__(self, "peft_model", peft_model)
         self.model = model
