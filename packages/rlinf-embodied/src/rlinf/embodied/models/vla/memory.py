@@ -183,7 +183,8 @@ def table(model: ModelName, gpus: Sequence[int], lora_rank: int, precision: str)
             else ""
         ),
         "",
-        "| training | actor GPUs | actor / GPU | rollout / GPU | collocated | collocated + offload |",
+        "| training | actor GPUs | actor / GPU | rollout / GPU | collocated "
+        "| collocated + offload |",
         "|---|---|---|---|---|---|",
     ]
     for lora in (False, True):
