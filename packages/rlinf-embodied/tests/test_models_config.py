@@ -57,7 +57,7 @@ def test_unknown_model_type_names_field_value_and_choices() -> None:
         PolicyConfig(model_type="mlp_policy")
     text = str(info.value)
     assert "model_type" in text and "'mlp_policy'" in text
-    assert "cnn, flow_vla, mlp, sac_mlp, token_vla" in text
+    assert "cnn, mlp, openvla, pi0, sac_mlp" in text
     assert "Did you mean model_type: mlp?" in text
     assert "register_policy" in text
 

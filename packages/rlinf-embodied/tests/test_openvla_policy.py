@@ -343,9 +343,9 @@ def test_errors_name_the_key_the_value_and_the_fix(
     build = build_policy
     with pytest.raises(ValueError, match=r"model_path is not set.*make_tiny_openvla"):
         build(PolicyConfig(model_type="openvla", num_action_chunks=2), spec("autoregressive"))
-    token_dir = make_tiny_vla("token", tmp_path / "token", action_dim=ACTION_DIM)
-    with pytest.raises(ValueError, match=r"model_type='rlinf_token_vla'.*token_vla"):
-        build(PolicyConfig(model_type="openvla", model_path=token_dir), spec("autoregressive"))
+    pi0_dir = make_tiny_vla("pi0", tmp_path / "pi0", action_dim=ACTION_DIM)
+    with pytest.raises(ValueError, match=r"model_type='pi0' but model_type 'openvla'.*-> pi0"):
+        build(PolicyConfig(model_type="openvla", model_path=pi0_dir), spec("autoregressive"))
     with pytest.raises(ValueError, match=r"EnvSpec\.action_dim=4 .*action_dim=3.*action_dim=4\)"):
         build(
             PolicyConfig(model_type="openvla", model_path=ar, num_action_chunks=2),

@@ -1,5 +1,12 @@
-"""LoRA on both VLA families: identity at init, what trains, save/reload, rollout/actor
-state-dict compatibility, logprob parity with adapters on, and config errors."""
+"""LoRA on both VLA policies (pi0, OpenVLA-OFT): identity at init, what trains, save/reload,
+rollout/actor state-dict compatibility, logprob parity with adapters on, and config errors.
+
+pi0 adapts only its VLM (``model.model.vlm``); its action expert, the expert's input and
+output projections and the RL heads (``heads.*``) train fully, and the heads are saved
+beside the weights (``rlinf_heads.safetensors``). OpenVLA adapts
+:data:`~rlinf.embodied.models.vla.openvla.policy.LORA_TARGET_MODULES` and trains its
+value head, saved in the adapter directory (:data:`~rlinf.embodied.models.vla.lora.HEADS_FILE`).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +21,41 @@ from torch import Tensor, nn
 from rlinf.embodied.models import BasePolicy, PolicyConfig, build_policy
 from rlinf.embodied.models.config import DEFAULT_LORA_TARGET_MODULES, LoRAConfig
 from rlinf.embodied.models.vla.lora import HEADS_FILE, count_parameters
-from rlinf.embodied.models.vla.policy import FlowVLAPolicy, TokenVLAPolicy
+from rlinf.embodied.models.vla.openvla.policy import LORA_TARGET_MODULES, OpenVLAPolicy
+from rlinf.embodied.models.vla.pi0.policy import HEADS_FILE as PI0_HEADS_FILE
+from rlinf.embodied.models.vla.pi0.policy import Pi0Policy
 from rlinf.embodied.models.vla.tiny import make_tiny_vla, random_observations, tiny_env_spec
 
 STATE_DIM, ACTION_DIM, CHUNKS, HORIZON, N, RANK = 2, 2, 3, 4, 5, 16
-KINDS = ("token", "flow")
-HEADS = {"token": ("value_head",), "flow": ("value_head", "noise_head")}
+KINDS = ("pi0", "openvla-oft")
+MODEL_TYPES = {"pi0": "pi0", "openvla-oft": "openvla"}
+TARGETS = {"pi0": DEFAULT_LORA_TARGET_MODULES, "openvla-oft": LORA_TARGET_MODULES}
+"""The suffixes ``target_modules: null`` adapts."""
+SCOPE = {"pi0": "model.model.vlm.", "openvla-oft": "model."}
+"""Where the adapters go (policy parameter names)."""
+FULLY_TRAINED = {
+    "pi0": (
+        "heads.",
+        "model.model.dit.layers.",
+        "model.model.dit.norm.",
+        "model.embed_action_time.",
+        "model.action_out_proj.",
+    ),
+    "openvla-oft": ("model.value_head.",),
+}
+"""Name prefixes of the non-adapter parameters that train under LoRA."""
+ADAPTED_PARTS = {
+    "pi0": {
+        "model.model.vlm.vision_tower.": ("q_proj", "fc1"),
+        "model.model.vlm.language_model.": ("o_proj", "down_proj"),
+    },
+    "openvla-oft": {
+        "model.vision_backbone.featurizer.": ("qkv", "proj"),
+        "model.vision_backbone.fused_featurizer.": ("qkv", "proj"),
+        "model.language_model.": ("o_proj", "down_proj", "lm_head"),
+    },
+}
+"""Parts that must carry adapters, with module suffixes adapted in each."""
 
 
 pytestmark = pytest.mark.usefixtures("vla_offline")
@@ -33,9 +69,14 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "action_dim": ACTION_DIM,
         "num_action_chunks": CHUNKS,
     }
+    pi0 = make_tiny_vla("pi0", root / "pi0", seed=4, action_horizon=HORIZON, **common)
+    # pi0's RL heads start random in every build unless the directory has them: save a
+    # set so that independent builds (plain and LoRA, actor and rollout) start equal
+    torch.manual_seed(5)
+    make_policy("pi0", pi0).save_pretrained(pi0)
     return {
-        "token": make_tiny_vla("token", root / "token", seed=3, **common),
-        "flow": make_tiny_vla("flow", root / "flow", seed=4, action_horizon=HORIZON, **common),
+        "pi0": pi0,
+        "openvla-oft": make_tiny_vla("openvla-oft", root / "openvla_oft", seed=3, **common),
     }
 
 
@@ -47,15 +88,32 @@ def make_policy(
     kind: str, model_path: Path, lora: LoRAConfig | None = None, **overrides: Any
 ) -> BasePolicy:
     cfg = PolicyConfig(
-        model_type=f"{kind}_vla",
+        model_type=MODEL_TYPES[kind],
         model_path=model_path,
         num_action_chunks=CHUNKS,
         lora=lora,
         **overrides,
     )
     policy = build_policy(cfg, spec())
-    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
+    assert isinstance(policy, Pi0Policy | OpenVLAPolicy)
     return policy
+
+
+def fully_trained(kind: str, name: str) -> bool:
+    """Whether the non-adapter parameter ``name`` trains under LoRA."""
+    return name.startswith(FULLY_TRAINED[kind])
+
+
+def trains(kind: str, name: str) -> bool:
+    return "lora_" in name or fully_trained(kind, name)
+
+
+def head_modules(policy: BasePolicy) -> list[nn.Module]:
+    """The RL heads: pi0's ``heads`` (value and noise std), OpenVLA's value head."""
+    if isinstance(policy, Pi0Policy):
+        return [policy.heads]
+    assert isinstance(policy, OpenVLAPolicy) and policy.model.value_head is not None
+    return [policy.model.value_head]
 
 
 def observations(n: int = N, seed: int = 0) -> dict[str, Tensor]:
@@ -99,9 +157,7 @@ def perturb_adapters(policy: BasePolicy, seed: int = 0, std: float = 0.05) -> No
 
 def expert_actions(policy: BasePolicy, n: int = N) -> Tensor:
     """Random in-range expert actions in the shape ``behaviour_cloning_loss`` takes."""
-    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
-    config = policy.model.config
-    steps = config.num_action_chunks if isinstance(policy, TokenVLAPolicy) else HORIZON
+    steps = HORIZON if isinstance(policy, Pi0Policy) else CHUNKS
     return torch.rand(n, steps, ACTION_DIM, generator=torch.Generator().manual_seed(1)) * 2 - 1
 
 
@@ -124,22 +180,30 @@ def test_fresh_adapter_leaves_outputs_unchanged(kind: str, model_dirs: dict[str,
     obs = observations()
     reference = outputs(plain, obs)
     # B = 0 adds exact zeros, but the extra add can change the memory layout a later
-    # kernel sees, so the flow VLA's 4-step ODE may differ in the last bits (~1e-7)
+    # kernel sees, so pi0's 4-step ODE may differ in the last bits (~1e-7)
     assert max_difference(outputs(adapted, obs), reference) <= 1e-6
     # the check can fail: a non-zero B changes the outputs
     perturb_adapters(adapted)
     assert max_difference(outputs(adapted, obs), reference) > 1e-4
 
 
+def fully_trained_count(kind: str, plain: BasePolicy) -> int:
+    return sum(p.numel() for name, p in plain.named_parameters() if fully_trained(kind, name))
+
+
 def hand_count(kind: str, plain: BasePolicy) -> int:
-    """``r * (in + out)`` per adapted linear layer, plus every head parameter."""
+    """``r * (in + out)`` per adapted linear layer (``r * (in * kh * kw + out)`` per conv),
+    plus every fully trained parameter."""
     count = 0
     for name, module in plain.named_modules():
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGET_MODULES:
+        if not name.startswith(SCOPE[kind]) or name.rsplit(".", 1)[-1] not in TARGETS[kind]:
+            continue
+        if isinstance(module, nn.Linear):
             count += RANK * (module.in_features + module.out_features)
-    for head in HEADS[kind]:
-        count += sum(p.numel() for p in getattr(plain.model, head).parameters())
-    return count
+        elif isinstance(module, nn.Conv2d):
+            kernel = module.kernel_size[0] * module.kernel_size[1]
+            count += RANK * (module.in_channels * kernel + module.out_channels)
+    return count + fully_trained_count(kind, plain)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -148,17 +212,18 @@ def test_only_adapters_and_heads_are_trainable(kind: str, model_dirs: dict[str, 
     adapted = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK))
     expected = hand_count(kind, plain)
     assert count_parameters(adapted.parameters()) == expected
-    heads = sum(p.numel() for head in HEADS[kind] for p in getattr(plain.model, head).parameters())
-    frozen = count_parameters(plain.parameters()) - heads
+    total = sum(p.numel() for p in plain.parameters())
+    frozen = total - fully_trained_count(kind, plain)
     assert count_parameters(adapted.parameters(), trainable=False) == frozen
     for name, param in adapted.named_parameters():
-        trainable = "lora_" in name or name.split(".")[1] in HEADS[kind]
-        assert param.requires_grad == trainable, name
-    # vision tower and both transformers are adapted (attention and MLP)
+        assert param.requires_grad == trains(kind, name), name
+    # the vision tower(s) and the language model are adapted (attention and MLP), and
+    # nothing outside the scope (pi0: the VLM; its action expert trains fully instead)
     adapted_names = {name for name, _ in adapted.named_parameters() if "lora_A" in name}
-    for part in ("vision_tower", "language_model") + (("expert",) if kind == "flow" else ()):
-        for suffix in ("q_proj", "fc1") if part == "vision_tower" else ("o_proj", "down_proj"):
-            assert any(f".{part}." in n and f".{suffix}." in n for n in adapted_names), (
+    assert all(name.startswith(SCOPE[kind]) for name in adapted_names)
+    for part, suffixes in ADAPTED_PARTS[kind].items():
+        for suffix in suffixes:
+            assert any(n.startswith(part) and f".{suffix}." in n for n in adapted_names), (
                 part,
                 suffix,
             )
@@ -180,7 +245,7 @@ def test_one_step_changes_adapters_but_no_frozen_tensor(
     frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
     assert frozen and not (changed & frozen)
     assert any("lora_B" in name for name in changed)
-    assert all("lora_" in name or name.split(".")[1] in HEADS[kind] for name in changed)
+    assert all(trains(kind, name) for name in changed)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -191,23 +256,32 @@ def test_save_then_reload_with_lora_path_is_bit_identical(
     policy = make_policy(kind, model_dirs[kind], lora)
     train_step(policy)
     with torch.no_grad():  # make sure the saved heads differ from the base model's
-        for head in HEADS[kind]:
-            for param in getattr(policy.model, head).parameters():
+        for head in head_modules(policy):
+            for param in head.parameters():
                 param.add_(0.01)
     obs = observations()
     expected = outputs(policy, obs)
     out = policy.save_pretrained(tmp_path / "saved")
     adapter = out / "adapter"
-    assert (adapter / "adapter_config.json").is_file() and (adapter / HEADS_FILE).is_file()
+    assert (adapter / "adapter_config.json").is_file()
+    if kind == "pi0":  # the heads live beside the weights, not in the adapter
+        assert (out / PI0_HEADS_FILE).is_file() and not (adapter / HEADS_FILE).exists()
+    else:
+        assert (adapter / HEADS_FILE).is_file()
     saved_lora = lora.model_copy(update={"path": adapter})
     reloaded = make_policy(kind, out, saved_lora)
     assert_identical(outputs(reloaded, obs), expected)
     reloaded_state = reloaded.state_dict()
     for key, value in policy.state_dict().items():
         assert torch.equal(value, reloaded_state[key]), key
-    # the adapter directory is self-contained: the original base model + lora.path
     from_base = make_policy(kind, model_dirs[kind], saved_lora)
-    assert_identical(outputs(from_base, obs), expected)
+    if kind == "pi0":
+        # the trained expert and heads are in the saved directory, not in the adapter:
+        # the original base model + lora.path does not restore the policy
+        assert max_difference(outputs(from_base, obs), expected) > 1e-4
+    else:
+        # the adapter directory is self-contained: the original base model + lora.path
+        assert_identical(outputs(from_base, obs), expected)
     # a loaded adapter is trainable again
     assert count_parameters(reloaded.parameters()) == count_parameters(policy.parameters())
     # the check can fail: fresh adapters on the same base give other outputs
@@ -241,7 +315,7 @@ def test_actor_logprobs_equal_rollout_logprobs_with_lora(
     kind: str, model_dirs: dict[str, Path]
 ) -> None:
     overrides: dict[str, Any] = (
-        {"temperature": 1.6, "top_k": 5} if kind == "token" else {"flow_sampler": "sde"}
+        {"temperature": 1.6, "top_k": 5} if kind == "openvla-oft" else {"flow_sampler": "sde"}
     )
     policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK), **overrides)
     perturb_adapters(policy, seed=5)
@@ -259,7 +333,7 @@ def test_actor_logprobs_equal_rollout_logprobs_with_lora(
     assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in lora_b(policy))
     # the check can fail: other stored actions score differently
     moved = dict(out.forward_inputs)
-    if kind == "token":
+    if kind == "openvla-oft":
         moved["action_tokens"] = moved["action_tokens"].roll(1, dims=0)
     else:
         jitter = torch.randn(moved["chains"].shape, generator=torch.Generator().manual_seed(0))
@@ -272,7 +346,7 @@ def test_actor_logprobs_equal_rollout_logprobs_with_lora(
 def test_merged_model_matches_the_adapter_model(kind: str, model_dirs: dict[str, Path]) -> None:
     policy = make_policy(kind, model_dirs[kind], LoRAConfig(rank=RANK, alpha=32.0))
     perturb_adapters(policy, seed=6)
-    assert isinstance(policy, TokenVLAPolicy | FlowVLAPolicy)
+    assert isinstance(policy, Pi0Policy | OpenVLAPolicy)
     merged = policy.merged_model()
     assert not any("lora_" in name for name, _ in merged.named_parameters())
     obs = observations()
@@ -287,7 +361,7 @@ def test_bad_lora_configs_name_the_key(model_dirs: dict[str, Path], tmp_path: Pa
     with pytest.raises(ValidationError, match=r"actor\.model\.lora\.rank=0"):
         LoRAConfig(rank=0)
     with pytest.raises(ValidationError, match=r"actor\.model\.lora\.rank=0"):
-        PolicyConfig(model_type="token_vla", lora={"rank": 0})  # type: ignore[arg-type]
+        PolicyConfig(model_type="pi0", lora={"rank": 0})  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match=r"actor\.model\.lora\.dropout=1\.0"):
         LoRAConfig(rank=4, dropout=1.0)
     with pytest.raises(ValidationError, match=r"actor\.model\.lora\.alpha=-1\.0"):
@@ -298,23 +372,24 @@ def test_bad_lora_configs_name_the_key(model_dirs: dict[str, Path], tmp_path: Pa
         LoRAConfig(rank=4, rnak=4)  # type: ignore[call-arg]
     assert LoRAConfig(rank=8).lora_alpha == 8.0
     assert LoRAConfig(rank=8).modules == list(DEFAULT_LORA_TARGET_MODULES)
+    # suffixes the model lacks (pi0 has no fused ``qkv``; OpenVLA's towers do)
+    missing = {"pi0": "qkv", "openvla-oft": "c_attn"}
     for kind in KINDS:
+        bad = missing[kind]
         with pytest.raises(ValueError, match=r"actor\.model\.lora\.target_modules") as info:
-            make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=["qkv"]))
-        assert "'qkv'" in str(info.value) and "q_proj" in str(info.value)
-        with pytest.raises(ValueError, match=r"\['proj'\] match no"):
-            make_policy(
-                kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=["v_proj", "proj"])
-            )
+            make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=[bad]))
+        assert f"'{bad}'" in str(info.value) and "q_proj" in str(info.value)
+        with pytest.raises(ValueError, match=rf"\['{bad}'\] match no"):
+            make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, target_modules=["v_proj", bad]))
         with pytest.raises(ValueError, match=r"actor\.model\.lora\.path"):
             make_policy(kind, model_dirs[kind], LoRAConfig(rank=4, path=tmp_path / "missing"))
-    saved = make_policy("token", model_dirs["token"], LoRAConfig(rank=4)).save_pretrained(
-        tmp_path / "rank4"
-    )
-    with pytest.raises(ValueError, match=r"actor\.model\.lora\.rank=8 .* rank 4"):
-        make_policy("token", saved, LoRAConfig(rank=8, path=saved / "adapter"))
-    with pytest.raises(ValueError, match=r"actor\.model\.lora\.alpha"):
-        make_policy("token", saved, LoRAConfig(rank=4, alpha=2.0, path=saved / "adapter"))
+        saved = make_policy(kind, model_dirs[kind], LoRAConfig(rank=4)).save_pretrained(
+            tmp_path / f"{kind}_rank4"
+        )
+        with pytest.raises(ValueError, match=r"actor\.model\.lora\.rank=8 .* rank 4"):
+            make_policy(kind, saved, LoRAConfig(rank=8, path=saved / "adapter"))
+        with pytest.raises(ValueError, match=r"actor\.model\.lora\.alpha"):
+            make_policy(kind, saved, LoRAConfig(rank=4, alpha=2.0, path=saved / "adapter"))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,6 +17,8 @@ from rlinf.embodied.models.vla.memory import (
 )
 from rlinf.embodied.models.vla.pi0.layout_list import LAYOUT_FILE
 
+pytestmark = pytest.mark.usefixtures("vla_offline")
+
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "vla.md"
 
 

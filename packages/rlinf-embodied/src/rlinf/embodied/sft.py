@@ -4,8 +4,8 @@ RLinf's users start RL from an SFT model; this module makes that model inside th
 framework. :func:`run_sft` loads a VLA from ``model_path``, trains it on
 demonstrations (a ``.npz`` of :mod:`rlinf.embodied.demos`, or recorded from an
 env's scripted expert such as ``lang_reach``) with the policy's own supervised
-loss (:meth:`BasePolicy.behaviour_cloning_loss`: cross-entropy on binned action
-tokens for ``token_vla``, flow matching for ``flow_vla``), evaluates success
+loss (:meth:`BasePolicy.behaviour_cloning_loss`: flow matching for ``pi0``,
+cross-entropy on binned action tokens for ``openvla``), evaluates success
 before and after on the env, and writes a model directory that an RL config's
 ``actor.model.model_path`` loads.
 
@@ -74,7 +74,7 @@ def behaviour_clone(
     Args:
         policy: The policy (trained in place).
         demos: Observations and expert chunks; ``actions`` must have the policy's
-            ``C`` (or the flow model's horizon) rows per sample.
+            ``C`` (pi0: up to its ``chunk_size``) rows per sample.
         steps: Optimizer steps.
         batch_size: Samples per step.
         lr: AdamW learning rate.
@@ -162,7 +162,7 @@ def run_sft(
     """Loads a policy from ``model_path``, behaviour-clones it, writes ``out_dir``.
 
     Args:
-        model_type: ``token_vla`` or ``flow_vla`` (a policy with a model directory).
+        model_type: ``pi0`` or ``openvla`` (a policy with a model directory).
         model_path: The model directory to start from.
         out_dir: Where the trained model directory goes (may equal ``model_path``).
         env_cfg: The env the policy acts in (its spec builds the policy; it records the
@@ -231,7 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m rlinf.embodied.sft",
         description="Behaviour-clone a VLA from demonstrations and write a model_path for RL.",
     )
-    parser.add_argument("--model-type", choices=["token_vla", "flow_vla"], default="token_vla")
+    parser.add_argument(
+        "--model-type",
+        choices=["pi0", "openvla"],
+        default="pi0",
+        help="policy of --model-path: pi0 or openvla (OpenVLA / OpenVLA-OFT, its config.json "
+        "decode_mode) (default pi0)",
+    )
     parser.add_argument("--model-path", required=True, help="model directory to start from")
     parser.add_argument("--out", required=True, help="model directory to write")
     parser.add_argument("--env-type", default="lang_reach", help="env for demos and eval")

@@ -37,15 +37,15 @@ Precision = Literal["fp32", "bf16"]
 """Parameter dtype of the policy."""
 
 FlowSampler = Literal["ode", "sde", "noise"]
-"""How a flow VLA samples in train mode: ``ode`` (deterministic), ``sde`` (one
+"""How pi0 samples in train mode: ``ode`` (deterministic), ``sde`` (one
 stochastic denoising step per call, Gaussian log-density), ``noise`` (learned noise
 scale, joint log-density over the steps). Eval mode always integrates the ODE."""
 
 FlowStart = Literal["zero", "sampled"]
-"""Where a flow VLA's denoising chain starts: ``zero`` (``x_1 = 0``, the noise mean:
+"""Where pi0's denoising chain starts: ``zero`` (``x_1 = 0``, the noise mean:
 every random part of a train-mode action is a scored step, and eval is a
 deterministic function of the observation) or ``sampled`` (``x_1 ~ N(0, I)`` as in
-pi0; the draw is not part of the log-probability, and eval draws it too)."""
+openpi; the draw is not part of the log-probability, and eval draws it too)."""
 
 _MAX_CNN_LAYERS = 3
 
@@ -78,8 +78,9 @@ class LoRAConfig(RLinfModel):
     """Low-rank adapters on the VLA backbones (``actor.model.lora``; VLAs only).
 
     With this section set, the backbone weights are frozen and only the adapters
-    plus the value head (and a flow VLA's noise head) train. Rollout and actor
-    read the same section, so both build the same adapter structure.
+    plus the RL heads (the value head; pi0's noise-std head and its action expert)
+    train. Rollout and actor read the same section, so both build the same adapter
+    structure.
 
     Attributes:
         rank: ``r``, the rank of every adapter.
@@ -187,16 +188,16 @@ class PolicyConfig(RLinfModel):
         cnn_feature_dim: Width of the linear layer after the convs; ``cnn`` only.
         precision: Parameter dtype, ``fp32`` or ``bf16``. Logprobs and values are always
             returned as float32.
-        model_path: VLAs (``token_vla``, ``flow_vla``): the Hugging Face-format directory
+        model_path: VLAs (``pi0``, ``openvla``): the Hugging Face-format directory
             to load (``config.json``, weights, tokenizer, ``dataset_statistics.json``).
-        temperature: Token VLAs: sampling temperature in train mode. Rollout and actor
+        temperature: OpenVLA: sampling temperature in train mode. Rollout and actor
             read this one field, so the actor re-scores with the rollout's warping.
-        top_k: Token VLAs: sample among the ``k`` most likely bins (0: all of them).
+        top_k: OpenVLA: sample among the ``k`` most likely bins (0: all of them).
         unnorm_key: VLAs: the ``dataset_statistics.json`` entry that de-normalises
             actions (null: the only entry).
-        flow_sampler: Flow VLAs: train-mode sampler (see :data:`FlowSampler`).
-        noise_level: Flow VLAs: noise scale of the ``sde`` sampler.
-        flow_start: Flow VLAs: the chain's start (see :data:`FlowStart`).
+        flow_sampler: pi0: train-mode sampler (see :data:`FlowSampler`).
+        noise_level: pi0: noise scale of the ``sde`` sampler.
+        flow_start: pi0: the chain's start (see :data:`FlowStart`).
         lora: VLAs: low-rank adapters on the backbones (null: train every weight);
             see :class:`LoRAConfig`.
     """
@@ -234,20 +235,20 @@ class PolicyConfig(RLinfModel):
         default=1.0,
         gt=0,
         allow_inf_nan=False,
-        description="Token VLAs: train sampling temperature.",
+        description="OpenVLA: train sampling temperature.",
     )
-    top_k: int = Field(default=0, ge=0, description="Token VLAs: top-k bins (0: all).")
+    top_k: int = Field(default=0, ge=0, description="OpenVLA: top-k bins (0: all).")
     unnorm_key: str | None = Field(
         default=None, description="VLAs: dataset_statistics.json entry (null: the only one)."
     )
     flow_sampler: FlowSampler = Field(
-        default="sde", description="Flow VLAs: train-mode sampler (ode, sde, noise)."
+        default="sde", description="pi0: train-mode sampler (ode, sde, noise)."
     )
     noise_level: float = Field(
-        default=0.5, gt=0, allow_inf_nan=False, description="Flow VLAs: sde noise scale."
+        default=0.5, gt=0, allow_inf_nan=False, description="pi0: sde noise scale."
     )
     flow_start: FlowStart = Field(
-        default="zero", description="Flow VLAs: chain start, zero (noise mean) or sampled."
+        default="zero", description="pi0: chain start, zero (noise mean) or sampled."
     )
     lora: LoRAConfig | None = Field(
         default=None, description="VLAs: LoRA adapters on the backbones (null: full training)."

@@ -28,8 +28,6 @@ P = TypeVar("P", bound=type[BasePolicy])
 _POLICIES: dict[str, type[BasePolicy]] = {}
 
 _BUILTIN: dict[str, str] = {
-    "token_vla": "rlinf.embodied.models.vla.policy",
-    "flow_vla": "rlinf.embodied.models.vla.policy",
     "pi0": "rlinf.embodied.models.vla.pi0.policy",
     "openvla": "rlinf.embodied.models.vla.openvla.policy",
 }
@@ -126,7 +124,7 @@ def build_policy(
     if cfg.lora is not None and not cls.supports_lora:
         raise ValueError(
             f"actor.model.lora is set but model_type {cfg.model_type!r} does not support LoRA "
-            "(only the VLAs, token_vla and flow_vla, do); remove actor.model.lora"
+            "(only the VLAs, pi0 and openvla, do); remove actor.model.lora"
         )
     policy = cls(cfg, spec)
     return policy.to(device=device, dtype=cfg.torch_dtype)

@@ -1,19 +1,18 @@
-"""Vision-language-action policies: ``token_vla`` (OpenVLA-OFT style) and ``flow_vla`` (pi0 style).
+"""Vision-language-action policies: ``pi0`` and ``openvla`` (OpenVLA and OpenVLA-OFT).
 
-Importing this package imports ``transformers`` and registers both model
-families with ``AutoConfig``/``AutoModel`` (model types ``rlinf_token_vla`` and
-``rlinf_flow_vla``), so their directories load without ``trust_remote_code``.
-:mod:`rlinf.embodied.models` itself never imports it; the policy registry
-imports :mod:`.policy` the first time ``token_vla`` or ``flow_vla`` is built.
+``model_type: pi0`` (:mod:`.pi0`) runs RL on transformers' stock
+``PI0ForConditionalGeneration``; ``model_type: openvla`` (:mod:`.openvla`) on an
+OpenVLA port, with ``decode_mode: autoregressive`` (OpenVLA) or ``parallel``
+(OpenVLA-OFT). Importing this package imports ``transformers`` and ``peft``;
+:mod:`rlinf.embodied.models` itself never imports it, the policy registry imports
+``pi0.policy`` or ``openvla.policy`` the first time that policy is built.
 
-Modules: :mod:`.configuration` (HF configs), :mod:`.backbones` (SigLIP, Llama,
-projector, value MLP, masks), :mod:`.preprocessing`, :mod:`.instructions`,
-:mod:`.statistics`, :mod:`.action_bins` + :mod:`.token_sampling` +
-:mod:`.modeling_token` (token family), :mod:`.flow_sampling` +
-:mod:`.modeling_flow` (flow family), :mod:`.lora` (PEFT adapters, ``actor.model.lora``),
-:mod:`.policy` (``BasePolicy`` wrappers) and
-:mod:`.tiny` (``make_tiny_vla`` and its CLI; not imported here so that
-``python -m rlinf.embodied.models.vla.tiny`` runs cleanly).
+Shared modules: :mod:`.backbones` (the value head), :mod:`.statistics` (action
+statistics and the normaliser), :mod:`.action_bins` + :mod:`.token_sampling`
+(OpenVLA's action tokens), :mod:`.flow_sampling` (pi0's denoising math),
+:mod:`.lora` (PEFT adapters, ``actor.model.lora``), :mod:`.memory`,
+:mod:`.tiny_tokenizers` and :mod:`.tiny` (``make_tiny_vla`` and its CLI; not
+imported here so that ``python -m rlinf.embodied.models.vla.tiny`` runs cleanly).
 """
 
 try:
@@ -21,24 +20,10 @@ try:
     import transformers  # noqa: F401
 except ImportError as exc:  # pragma: no cover - the dev environment has it
     raise ImportError(
-        "the VLA policies (token_vla, flow_vla) need transformers, tokenizers, "
+        "the VLA policies (pi0, openvla) need transformers, tokenizers, "
         "safetensors and peft: install the extra with `pip install 'rlinf-embodied[vla]'`"
     ) from exc
 
-from rlinf.embodied.models.vla.configuration import FlowVLAConfig, TokenVLAConfig
 from rlinf.embodied.models.vla.lora import apply_lora, count_parameters
-from rlinf.embodied.models.vla.modeling_flow import FlowVLAModel, flow_matching_loss
-from rlinf.embodied.models.vla.modeling_token import TokenVLAModel
-from rlinf.embodied.models.vla.policy import FlowVLAPolicy, TokenVLAPolicy
 
-__all__ = [
-    "FlowVLAConfig",
-    "FlowVLAModel",
-    "FlowVLAPolicy",
-    "TokenVLAConfig",
-    "TokenVLAModel",
-    "TokenVLAPolicy",
-    "apply_lora",
-    "count_parameters",
-    "flow_matching_loss",
-]
+__all__ = ["apply_lora", "count_parameters"]

@@ -1,12 +1,13 @@
-"""The discrete action vocabulary of the token VLA: continuous values <-> bins <-> token ids.
+"""A discrete action vocabulary: continuous values <-> bins <-> token ids (OpenVLA's action ids).
 
 Mapping (one convention, used everywhere): ``[-1, 1]`` is cut into ``n_bins``
 equal-width bins; bin ``b`` covers ``[-1 + b w, -1 + (b + 1) w)`` with
 ``w = 2 / n_bins`` and decodes to its centre ``-1 + (b + 0.5) w``. Bins take the
 *last* ``n_bins`` ids of the vocabulary in ascending order:
 ``token_id = vocab_size - n_bins + b``. Word ids stay below ``vocab_size - n_bins``,
-so a tokenizer can grow without touching the bins. (OpenVLA counts bins down from
-the end instead; both are valid for our own checkpoints.)
+so a tokenizer can grow without touching the bins. OpenVLA counts its bins down
+from the end instead; :mod:`.openvla.action_tokenizer` maps its id range onto this
+class (:meth:`~.openvla.action_tokenizer.OpenVLAActionTokenizer.action_bins`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The flow VLA's denoising math: time grid, Euler/SDE transitions, Gaussian log-densities.
+"""pi0's denoising math for RL: time grid, Euler/SDE transitions, Gaussian log-densities.
 
 Conventions (openpi's): ``t = 1`` is noise, ``t = 0`` is data,
 ``x_t = t * eps + (1 - t) * a``, the network predicts the velocity ``v ~ eps - a``,
@@ -12,7 +12,7 @@ and ``x1 = x + (1 - t) v`` (noise). One step to ``t' = t - dt`` is a Gaussian
 * ``sde``: ``sigma = noise_level * sqrt(s / (1 - s))`` with ``s = t`` except at
   ``t = 1``, where ``s`` is the next grid point ``t'`` (so sigma is finite and > 0),
   ``mean = x0 (1 - t') + x1 (t' - sigma^2 dt / (2 t))``, ``std = sqrt(dt) * sigma``;
-* ``noise``: the ``ode`` mean with a learned ``std`` (see the model).
+* ``noise``: the ``ode`` mean with a learned ``std`` (pi0's noise-std head).
 
 Pure functions of tensors, so rollout sampling and actor re-scoring share them.
 """

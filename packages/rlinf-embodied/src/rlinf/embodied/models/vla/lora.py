@@ -1,11 +1,13 @@
-"""LoRA for the VLA families: adapters on the backbones, trainable heads, save and reload.
+"""LoRA for pi0 and openvla: adapters on the backbones, trainable heads, save and reload.
 
-What: :func:`apply_lora` wraps a loaded ``TokenVLAModel``/``FlowVLAModel`` in a
-``peft`` :class:`~peft.PeftModel`, either with fresh adapters (``actor.model.lora``
-without ``path``) or with a saved adapter loaded trainable (``lora.path``). PEFT
-freezes every non-adapter weight; the heads (the value head, and the flow VLA's
-noise head) are set trainable again, since they are small, task-specific and
-have no pretrained counterpart worth keeping frozen.
+What: :func:`apply_lora` wraps a loaded ``PI0ForConditionalGeneration`` or
+``OpenVLAModel`` in a ``peft`` :class:`~peft.PeftModel`, either with
+fresh adapters (``actor.model.lora`` without ``path``) or with a saved adapter
+loaded trainable (``lora.path``). PEFT freezes every non-adapter weight; the
+model's value head (OpenVLA's ``value_head``) is set trainable again, since it is
+small, task-specific and has no pretrained counterpart worth keeping frozen. pi0
+adapts only its VLM (``scope="model.vlm"``) and keeps its RL heads outside the
+wrapped model; its policy re-enables the action expert itself.
 
 Why this shape:
 
@@ -13,9 +15,8 @@ Why this shape:
   saved ``adapter_model.safetensors`` are relative to the model, exactly as PEFT
   writes them for any ``PreTrainedModel``. PEFT injects the adapter layers in
   place, so the wrapped model (``PeftModel.get_base_model()``) is the same object,
-  keeps its type and methods (``encode_prefix``, ``expert_forward``, ``values``) and
-  the policy keeps calling it directly; the ``PeftModel`` itself is only needed
-  for saving.
+  keeps its type and methods and the policy keeps calling it directly; the
+  ``PeftModel`` itself is only needed for saving.
 * Fresh adapters use ``init_lora_weights="gaussian"``: ``B`` starts at zero (so a
   fresh adapter is an exact identity and rollout behaviour is unchanged at
   step 0), ``A`` is drawn with std ``1 / r`` independent of layer width. That is
@@ -62,7 +63,7 @@ ADAPTER_DIR = "adapter"
 HEADS_FILE = "trainable_heads.safetensors"
 """File in the adapter directory with the trainable non-adapter tensors (the heads)."""
 
-_TRAINABLE_HEADS = ("value_head", "noise_head")
+_TRAINABLE_HEADS = ("value_head",)
 """Submodules that stay trainable under LoRA when the model has them."""
 
 _LORA_INIT: Literal["gaussian"] = "gaussian"
@@ -151,7 +152,7 @@ def _quiet_peft() -> Iterator[None]:
 
 
 def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``(name, module)`` of each trainable head (``value_head``, ``noise_head``) ``model`` has."""
+    """``(name, module)`` of each trainable head (``value_head``) ``model`` has."""
     for head in _TRAINABLE_HEADS:
         module = getattr(model, head, None)
         if isinstance(module, nn.Module):
@@ -161,8 +162,7 @@ def _heads(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def apply_lora(model: PreTrainedModel, cfg: LoRAConfig, *, scope: str | None = None) -> PeftModel:
     """Adds LoRA adapters to ``model`` in place and returns the PEFT wrapper.
 
-    Every weight except the adapters and the heads (``value_head``, ``noise_head``)
-    ends up frozen.
+    Every weight except the adapters and the heads (``value_head``) ends up frozen.
     With ``cfg.path`` the saved adapter is loaded trainable, and so are the head
     tensors saved beside it (:data:`HEADS_FILE`), if any.
 

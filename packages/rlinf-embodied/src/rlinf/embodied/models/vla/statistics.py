@@ -18,17 +18,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-
-from rlinf.embodied.models.vla.preprocessing import read_model_json
 
 __all__ = [
     "STATISTICS_FILE",
     "ActionNormalizer",
     "load_action_normalizer",
+    "read_model_json",
     "resolve_unnorm_key",
     "write_dataset_statistics",
 ]
@@ -37,6 +36,18 @@ STATISTICS_FILE = "dataset_statistics.json"
 
 Bounds = Literal["q99", "min_max"]
 _FIELDS = ("q01", "q99", "min", "max", "mask")
+
+
+def read_model_json(directory: str | Path, name: str, hint: str) -> tuple[Path, Any]:
+    """``(path, parsed content)`` of the JSON file ``name`` in a VLA model directory.
+
+    Raises:
+        FileNotFoundError: The file is missing (the message names it and ends with ``hint``).
+    """
+    path = Path(directory) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; a VLA model directory needs {name} {hint}")
+    return path, json.loads(path.read_text())
 
 
 def resolve_unnorm_key(available: Sequence[str], unnorm_key: str | None) -> str:

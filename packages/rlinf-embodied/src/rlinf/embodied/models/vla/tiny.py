@@ -1,15 +1,16 @@
 r"""``make_tiny_vla``: write a complete, randomly initialised VLA model directory (and its CLI).
 
-Tests, docs and quick experiments need a real Hugging Face directory without the
-network, so this builds one from configs: ``config.json`` and
-``model.safetensors`` (``save_pretrained``), ``tokenizer.json`` +
-``tokenizer_config.json`` (a word-level tokenizer over the given instructions),
-``preprocessor_config.json`` and ``dataset_statistics.json``. Policies load it
+Tests, docs and quick experiments need a real checkpoint directory without the
+network, so this builds one at a tiny size with random weights: ``pi0``
+(:func:`~.pi0.tiny.make_tiny_pi0`, transformers' ``PI0ForConditionalGeneration``)
+or ``openvla`` / ``openvla-oft`` (:func:`~.openvla.tiny.make_tiny_openvla`, an
+openvla-format model decoding autoregressively / in parallel), each with its
+tokenizer, image processor config and action statistics. Policies load it
 through ``actor.model.model_path`` exactly as they would load a real checkpoint.
 
 Command line::
 
-    python -m rlinf.embodied.models.vla.tiny --kind token --out /tmp/tiny_token \\
+    python -m rlinf.embodied.models.vla.tiny --kind pi0 --out /tmp/tiny_pi0 \\
         --action-dim 2 --state-dim 2 --num-action-chunks 4 \\
         --instruction "move to the red square" --instruction "go to the green block"
 """
@@ -21,23 +22,11 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from rlinf.core.protocols.embodied import EnvSpec
-from rlinf.embodied.models.vla.configuration import (
-    FlowVLAConfig,
-    TokenVLAConfig,
-    default_expert_config,
-    default_text_config,
-    default_vision_config,
-)
-from rlinf.embodied.models.vla.instructions import build_instruction_tokenizer
-from rlinf.embodied.models.vla.modeling_flow import FlowVLAModel
-from rlinf.embodied.models.vla.modeling_token import TokenVLAModel
-from rlinf.embodied.models.vla.preprocessing import VLAImageProcessor
-from rlinf.embodied.models.vla.statistics import write_dataset_statistics
 
 __all__ = ["DEFAULT_INSTRUCTIONS", "main", "make_tiny_vla", "random_observations", "tiny_env_spec"]
 
@@ -48,7 +37,13 @@ DEFAULT_INSTRUCTIONS = (
 )
 """The three ``lang_reach`` instruction templates."""
 
-Kind = Literal["token", "flow"]
+Kind = Literal["pi0", "openvla", "openvla-oft"]
+
+_KINDS = ("pi0", "openvla", "openvla-oft")
+"""``--kind`` / ``make_tiny_vla(kind=...)`` values."""
+
+_MODEL_TYPES = {"pi0": "pi0", "openvla": "openvla", "openvla-oft": "openvla"}
+"""``--kind`` -> ``actor.model.model_type``."""
 
 
 def make_tiny_vla(
@@ -63,21 +58,29 @@ def make_tiny_vla(
     seed: int = 0,
     wrist_image: bool = False,
     patch_size: int = 8,
-    n_action_bins: int = 32,
     action_horizon: int | None = None,
     num_steps: int = 4,
     add_value_head: bool = True,
     value_type: str = "action_level",
-    max_prompt_length: int | None = None,
     unnorm_key: str = "tiny",
     action_low: Sequence[float] | None = None,
     action_high: Sequence[float] | None = None,
-    action_mask: Sequence[bool] | None = None,
+    layers: int = 2,
 ) -> Path:
     """Builds a random tiny VLA and saves it as a Hugging Face directory.
 
     Args:
-        kind: ``token`` (OpenVLA-OFT style) or ``flow`` (pi0 style).
+        kind: ``pi0`` (the stock ``PI0ForConditionalGeneration``,
+            :func:`~.pi0.tiny.make_tiny_pi0`; it reads ``image_size``, ``patch_size``,
+            ``state_dim``, ``action_dim``, ``num_action_chunks``/``action_horizon`` (its
+            ``chunk_size``), ``num_steps``, ``instructions``, ``seed``, ``unnorm_key`` and
+            ``layers``), ``openvla`` (OpenVLA,
+            autoregressive decoding) or ``openvla-oft`` (OpenVLA-OFT, parallel decoding): the
+            openvla-format model of :func:`~.openvla.tiny.make_tiny_openvla`, which reads
+            ``image_size``, ``patch_size``, ``state_dim`` (its proprio projector),
+            ``action_dim``, ``num_action_chunks``, ``instructions``, ``seed``,
+            ``unnorm_key``, ``add_value_head``, ``value_type`` and ``action_low``/
+            ``action_high`` (its bins are OpenVLA's 256; no wrist image).
         out_dir: Directory to write (created if needed).
         image_size: Square image side in pixels.
         state_dim: Proprio state length (0: no proprio token).
@@ -85,18 +88,18 @@ def make_tiny_vla(
         num_action_chunks: ``C``.
         instructions: The instructions the tokenizer must cover.
         seed: Seed of the random initialisation.
-        wrist_image: The model also sees ``obs["wrist_images"]``.
+        wrist_image: The env also sends ``obs["wrist_images"]`` (pi0 reads them as a
+            second camera; openvla has no wrist input and refuses it).
         patch_size: Vision patch side (divides ``image_size``).
-        n_action_bins: Bins per action dimension (token).
-        action_horizon: ``H >= C`` (flow; default ``C``).
-        num_steps: Euler steps (flow).
-        add_value_head: Build a value head.
-        value_type: ``action_level`` (C values) or ``chunk_level`` (1).
-        max_prompt_length: Prompt length (default: the longest instruction, at least 8).
+        action_horizon: pi0: ``chunk_size >= C`` (default ``C``).
+        num_steps: pi0: Euler steps.
+        add_value_head: openvla: build a value head (pi0's heads live in the policy).
+        value_type: openvla: ``action_level`` (C values) or ``chunk_level`` (1).
         unnorm_key: Name of the single ``dataset_statistics.json`` entry.
-        action_low: ``q01``/``min`` per dimension (default -1).
-        action_high: ``q99``/``max`` per dimension (default 1).
-        action_mask: Which dimensions are de-normalised (default all).
+        action_low: openvla: ``q01``/``min`` per dimension (default -1).
+        action_high: openvla: ``q99``/``max`` per dimension (default 1).
+        layers: ``pi0``: layers of each transformer (default 2; the random lang_reach
+            layout needs 4).
 
     Returns:
         The directory.
@@ -104,61 +107,48 @@ def make_tiny_vla(
     Raises:
         ValueError: Inconsistent sizes (the message names the argument).
     """
-    if kind not in ("token", "flow"):
-        raise ValueError(f"kind={kind!r} must be 'token' or 'flow'")
+    if kind not in _KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {', '.join(map(repr, _KINDS))}")
     if not instructions:
         raise ValueError("instructions is empty; give the instructions the model must read")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_instruction_tokenizer(instructions)
-    longest = max(len(tokenizer(text)["input_ids"]) for text in instructions)
-    prompt_length = max_prompt_length if max_prompt_length is not None else max(8, longest)
-    vision = {**default_vision_config(), "patch_size": patch_size}
-    text = default_text_config()
-    common: dict[str, Any] = {
-        "vision_config": vision,
-        "action_dim": action_dim,
-        "num_action_chunks": num_action_chunks,
-        "image_size": image_size,
-        "state_dim": state_dim,
-        "wrist_image": wrist_image,
-        "max_prompt_length": prompt_length,
-        "add_value_head": add_value_head,
-        "value_type": value_type,
-    }
-    torch.manual_seed(seed)
-    model: TokenVLAModel | FlowVLAModel
-    if kind == "token":
-        text["vocab_size"] = len(tokenizer) + n_action_bins
-        model = TokenVLAModel(
-            TokenVLAConfig(text_config=text, n_action_bins=n_action_bins, **common)
+    if kind == "pi0":
+        from rlinf.embodied.models.vla.pi0.tiny import make_tiny_pi0
+
+        return make_tiny_pi0(
+            out_dir,
+            instructions=instructions,
+            action_dim=action_dim,
+            chunk_size=action_horizon if action_horizon is not None else num_action_chunks,
+            image_size=image_size,
+            patch_size=patch_size,
+            num_steps=num_steps,
+            seed=seed,
+            unnorm_key=unnorm_key,
+            state_dim=state_dim,
+            layers=layers,
         )
-    else:
-        text["vocab_size"] = len(tokenizer)
-        model = FlowVLAModel(
-            FlowVLAConfig(
-                text_config=text,
-                expert_config=default_expert_config(),
-                action_horizon=action_horizon if action_horizon is not None else num_action_chunks,
-                num_steps=num_steps,
-                **common,
-            )
-        )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    VLAImageProcessor(image_size=image_size).save(out)
-    low = list(action_low) if action_low is not None else [-1.0] * action_dim
-    high = list(action_high) if action_high is not None else [1.0] * action_dim
-    mask = list(action_mask) if action_mask is not None else [True] * action_dim
-    if not len(low) == len(high) == len(mask) == action_dim:
+    if wrist_image:
         raise ValueError(
-            f"action_low/action_high/action_mask need action_dim={action_dim} entries, got "
-            f"{len(low)}/{len(high)}/{len(mask)}"
+            f"kind={kind!r} has no wrist camera input; use wrist_image=False (or kind pi0)"
         )
-    write_dataset_statistics(
-        out, {unnorm_key: {"q01": low, "q99": high, "min": low, "max": high, "mask": mask}}
+    from rlinf.embodied.models.vla.openvla.tiny import make_tiny_openvla
+
+    return make_tiny_openvla(
+        out_dir,
+        decode_mode="parallel" if kind == "openvla-oft" else "autoregressive",
+        action_dim=action_dim,
+        num_action_chunks=num_action_chunks,
+        instructions=instructions,
+        image_size=image_size,
+        patch_size=patch_size,
+        state_dim=state_dim,
+        seed=seed,
+        unnorm_key=unnorm_key,
+        add_value_head=add_value_head,
+        value_type=value_type,
+        action_low=action_low,
+        action_high=action_high,
     )
-    return out
 
 
 def tiny_env_spec(
@@ -215,9 +205,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kind",
-        choices=["token", "flow"],
+        choices=list(_KINDS),
         required=True,
-        help="token: OpenVLA-OFT-style discrete actions; flow: pi0-style flow matching",
+        help="pi0: transformers' PI0ForConditionalGeneration at a tiny size; openvla / "
+        "openvla-oft: an openvla-format model (model_type openvla) decoding its action "
+        "tokens autoregressively / in parallel",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     add_int = partial(parser.add_argument, type=int)
@@ -235,16 +227,21 @@ def _parser() -> argparse.ArgumentParser:
         "the three lang_reach templates)",
     )
     add_int("--seed", default=0, help="initialisation seed (default 0)")
-    add_int("--n-action-bins", default=32, help="token: bins per action dimension (default 32)")
-    add_int("--action-horizon", help="flow: denoised actions per call H >= C (default C)")
-    add_int("--num-steps", default=4, help="flow: Euler steps (default 4)")
+    add_int(
+        "--layers",
+        default=2,
+        help="pi0: layers of SigLIP, the VLM and the expert (default 2; use 4 for "
+        "lang_reach_random, where the target is only in the image)",
+    )
+    add_int("--action-horizon", help="pi0: chunk_size, denoised actions per call >= C (default C)")
+    add_int("--num-steps", default=4, help="pi0: Euler steps (default 4)")
     parser.add_argument(
         "--value-type",
         choices=["action_level", "chunk_level"],
         default="action_level",
-        help="value head output: C values or 1",
+        help="openvla: value head output, C values or 1",
     )
-    parser.add_argument("--no-value-head", action="store_true", help="build no value head")
+    parser.add_argument("--no-value-head", action="store_true", help="openvla: build no value head")
     parser.add_argument(
         "--wrist-image",
         action="store_true",
@@ -294,13 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_action_chunks=args.num_action_chunks,
         instructions=tuple(args.instructions or DEFAULT_INSTRUCTIONS),
         seed=args.seed,
-        n_action_bins=args.n_action_bins,
         action_horizon=args.action_horizon,
         num_steps=args.num_steps,
         add_value_head=not args.no_value_head,
         value_type=args.value_type,
         unnorm_key=args.unnorm_key,
         wrist_image=args.wrist_image,
+        layers=args.layers,
     )
     print(f"wrote a tiny {args.kind} VLA to {out}")
     if args.sft_steps:
@@ -319,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         try:
             result = run_sft(
-                f"{args.kind}_vla",
+                _MODEL_TYPES[args.kind],
                 out,
                 out,
                 env,

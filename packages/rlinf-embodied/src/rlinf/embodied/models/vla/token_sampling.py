@@ -1,4 +1,4 @@
-"""The token VLA's action distribution: warp, sample, score.
+"""OpenVLA's action-token distribution: warp, sample, score.
 
 One function warps logits and every consumer goes through it, so rollout sampling
 and actor re-scoring cannot drift apart (the rollout-vs-actor mismatch that gives

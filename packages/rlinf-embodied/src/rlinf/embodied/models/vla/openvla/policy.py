@@ -25,7 +25,7 @@ Sampling restricts the logits to the ``n_action_bins`` action ids, then applies
 actor alike; ``eval`` takes the argmax. Logprobs and entropy are per token,
 ``[n, C * A]``.
 
-LoRA (``actor.model.lora``): as for ``token_vla``; with ``target_modules: null``
+LoRA (``actor.model.lora``): adapters per :mod:`..lora`; with ``target_modules: null``
 the targets are :data:`LORA_TARGET_MODULES` (RLinf's OpenVLA list) instead of the
 SigLIP/Llama default, which names modules this model does not have.
 """
@@ -176,7 +176,7 @@ def _require_model_path(cfg: PolicyConfig) -> Path:
             f"actor.model.model_path={str(path)!r} has config.json model_type={model_type!r} but "
             "model_type 'openvla' needs model_type 'openvla'; point model_path at an OpenVLA "
             "checkpoint or set actor.model.model_type to the policy of that model "
-            "(rlinf_token_vla -> token_vla, rlinf_flow_vla -> flow_vla)"
+            "(pi0 checkpoints -> pi0)"
         )
     return path
 
@@ -268,7 +268,7 @@ class OpenVLAPolicy(BasePolicy):
             if lora.target_modules is None and lora.path is None:
                 lora = lora.model_copy(update={"target_modules": list(LORA_TARGET_MODULES)})
             peft_model = apply_lora(model, lora)
-        # Outside the module tree, as in token_vla: its parameters are self.model's.
+        # Outside the module tree: its parameters are self.model's.
         object.__setattr__(self, "peft_model", peft_model)
         self.model = model
 
@@ -588,7 +588,7 @@ class OpenVLAPolicy(BasePolicy):
         Weights and ``config.json`` plus the other files of the loaded directory
         (tokenizer, ``preprocessor_config.json``, statistics). With LoRA the weights are
         the plain base model and ``out_dir/adapter`` holds the adapter and the trainable
-        heads, as for ``token_vla``.
+        heads (:data:`..lora.HEADS_FILE`).
 
         Args:
             out_dir: The directory (created; may be the one loaded from).

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from transformers import initialization as init
 
 from rlinf.embodied.models.vla.openvla.configuration import ViTSpec
-from rlinf.embodied.models.vla.preprocessing import PREPROCESSOR_FILE, read_model_json
+from rlinf.embodied.models.vla.statistics import read_model_json
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -44,6 +44,7 @@ __all__ = [
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _LN_EPS = 1e-6
+PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
 def _activation(name: str | None) -> nn.Module:
