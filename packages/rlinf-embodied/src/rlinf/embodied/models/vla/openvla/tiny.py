@@ -144,29 +144,10 @@ def make_tiny_openvla(
     """
     if not instructions:
         raise ValueError("instructions is empty; give the instructions the model must read")
-    low = list(action_low) if action_low is not None else [-1.0] * action_dim
-    high = list(action_high) if action_high is not None else [1.0] * action_dim
-    if not len(low) == len(high) == action_dim:
-        raise ValueError(
-            f"action_low/action_high need action_dim={action_dim} entries, got "
-            f"{len(low)}/{len(high)}"
-        )
+    block, stats = _statistics(action_dim, action_low, action_high, state_dim)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_llama_tokenizer([prompt_text(text) for text in instructions])
-    mask: list[float | bool] = [True] * action_dim
-    block: dict[str, Sequence[float | bool]] = {
-        "q01": low,
-        "q99": high,
-        "min": low,
-        "max": high,
-        "mask": mask,
-    }
-    stats: dict[str, Any] = {"action": {**block, "mean": [0.0] * action_dim}}
-    stats["action"]["std"] = [1.0] * action_dim
-    if state_dim:
-        ones = [1.0] * state_dim
-        stats["proprio"] = {"q01": [-x for x in ones], "q99": ones, "mask": [True] * state_dim}
     config = tiny_openvla_config(
         text_vocab_size=int(tokenizer.vocab_size) + pad_to_multiple_of,
         pad_token_id=int(tokenizer.pad_token_id),
@@ -182,21 +163,65 @@ def make_tiny_openvla(
         value_type=value_type,
         norm_stats={unnorm_key: stats},
     )
+    _random_model(config, seed).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    _processor(image_size, use_fused).save(out)
+    write_dataset_statistics(out, {unnorm_key: block})
+    return out
+
+
+def _random_model(config: OpenVLAConfig, seed: int) -> OpenVLAModel:
+    """The model with seeded random weights; LayerScale raised from 1e-5 so the towers matter."""
     torch.manual_seed(seed)
     model = OpenVLAModel(config)
-    with torch.no_grad():  # LayerScale starts at 1e-5: make the tiny towers matter
+    with torch.no_grad():
         for module in model.modules():
             if isinstance(module, LayerScale):
                 module.scale_factor.uniform_(0.5, 1.0)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    return model
+
+
+def _statistics(
+    action_dim: int,
+    action_low: Sequence[float] | None,
+    action_high: Sequence[float] | None,
+    state_dim: int,
+) -> tuple[dict[str, Sequence[float | bool]], dict[str, Any]]:
+    """The ``dataset_statistics.json`` block and the ``norm_stats`` entry of a tiny model.
+
+    Raises:
+        ValueError: ``action_low``/``action_high`` do not have ``action_dim`` entries.
+    """
+    low = list(action_low) if action_low is not None else [-1.0] * action_dim
+    high = list(action_high) if action_high is not None else [1.0] * action_dim
+    if not len(low) == len(high) == action_dim:
+        raise ValueError(
+            f"action_low/action_high need action_dim={action_dim} entries, got "
+            f"{len(low)}/{len(high)}"
+        )
+    mask: list[float | bool] = [True] * action_dim
+    block: dict[str, Sequence[float | bool]] = {
+        "q01": low,
+        "q99": high,
+        "min": low,
+        "max": high,
+        "mask": mask,
+    }
+    stats: dict[str, Any] = {"action": {**block, "mean": [0.0] * action_dim}}
+    stats["action"]["std"] = [1.0] * action_dim
+    if state_dim:
+        ones = [1.0] * state_dim
+        stats["proprio"] = {"q01": [-x for x in ones], "q99": ones, "mask": [True] * state_dim}
+    return block, stats
+
+
+def _processor(image_size: int, use_fused: bool) -> OpenVLAImageProcessor:
+    """The prismatic processor of the tiny towers (ImageNet stats for DINOv2, 0.5 for SigLIP)."""
     towers = 2 if use_fused else 1
-    OpenVLAImageProcessor(
+    return OpenVLAImageProcessor(
         input_sizes=[[3, image_size, image_size]] * towers,
         means=[list(IMAGENET_MEAN), [0.5, 0.5, 0.5]][:towers],
         stds=[list(IMAGENET_STD), [0.5, 0.5, 0.5]][:towers],
         interpolations=["bicubic"] * towers,
         use_fused_vision_backbone=use_fused,
-    ).save(out)
-    write_dataset_statistics(out, {unnorm_key: block})
-    return out
+    )

@@ -156,6 +156,29 @@ _SIGLIP_KEYS = (
 )
 
 
+def _write_identity_statistics(
+    out: Path, stats_format: str, action_dim: int, state_dim: int, unnorm_key: str
+) -> None:
+    """Statistics that map [-1, 1] onto itself: openpi ``norm_stats.json`` or ours."""
+    ones, zeros = [1.0] * action_dim, [0.0] * action_dim
+    if stats_format == "openpi":
+        stats: dict[str, Any] = {
+            "actions": {"mean": zeros, "std": ones, "q01": [-1.0] * action_dim, "q99": ones}
+        }
+        if state_dim:
+            stats["state"] = {"mean": [0.0] * state_dim, "std": [1.0] * state_dim}
+        (out / "norm_stats.json").write_text(json.dumps({"norm_stats": stats}, indent=2) + "\n")
+        return
+    block: dict[str, Sequence[float | bool]] = {
+        "q01": [-1.0] * action_dim,
+        "q99": ones,
+        "min": [-1.0] * action_dim,
+        "max": ones,
+        "mask": [True] * action_dim,
+    }
+    write_dataset_statistics(out, {unnorm_key: block})
+
+
 def make_tiny_pi0(
     out_dir: str | Path,
     *,
@@ -231,21 +254,5 @@ def make_tiny_pi0(
     save_file(to_layout(state, layout), str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(str(out))
     Pi0ImageProcessor(image_size=image_size).save(out)
-    ones, zeros = [1.0] * action_dim, [0.0] * action_dim
-    if stats_format == "openpi":
-        stats: dict[str, Any] = {
-            "actions": {"mean": zeros, "std": ones, "q01": [-1.0] * action_dim, "q99": ones}
-        }
-        if state_dim:
-            stats["state"] = {"mean": [0.0] * state_dim, "std": [1.0] * state_dim}
-        (out / "norm_stats.json").write_text(json.dumps({"norm_stats": stats}, indent=2) + "\n")
-    else:
-        block: dict[str, Sequence[float | bool]] = {
-            "q01": [-1.0] * action_dim,
-            "q99": ones,
-            "min": [-1.0] * action_dim,
-            "max": ones,
-            "mask": [True] * action_dim,
-        }
-        write_dataset_statistics(out, {unnorm_key: block})
+    _write_identity_statistics(out, stats_format, action_dim, state_dim, unnorm_key)
     return out
