@@ -341,7 +341,7 @@ def test_errors_name_the_key_the_value_and_the_fix(
 ) -> None:
     ar = model_dirs["autoregressive"]
     build = build_policy
-    with pytest.raises(ValueError, match=r"model_path is not set.*make_tiny_openvla"):
+    with pytest.raises(ValueError, match=r"model_path is not set.*make-tiny-vla --kind openvla"):
         build(PolicyConfig(model_type="openvla", num_action_chunks=2), spec("autoregressive"))
     pi0_dir = make_tiny_vla("pi0", tmp_path / "pi0", action_dim=ACTION_DIM)
     with pytest.raises(ValueError, match=r"model_type='pi0' but model_type 'openvla'.*-> pi0"):

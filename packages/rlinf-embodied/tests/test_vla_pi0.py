@@ -407,3 +407,19 @@ def test_to_layout_inverts_the_transformers_conversion_map() -> None:
     assert list(to_layout(names, "lerobot")) == [
         "model.paligemma_with_expert.paligemma.lm_head.weight"
     ]
+
+
+def test_save_pretrained_copies_side_files_but_no_stale_weight_index(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    for item in model_dir.iterdir():
+        (source / item.name).write_bytes(item.read_bytes())
+    (source / "model.safetensors.index.json").write_text("{}")  # a sharded checkpoint's index
+    (source / "README.md").write_text("model card")
+    out = make_policy(source).save_pretrained(tmp_path / "out")
+    assert (out / "README.md").read_text() == "model card"
+    assert (out / "tokenizer.json").is_file() and (out / "dataset_statistics.json").is_file()
+    assert not (out / "model.safetensors.index.json").exists()
+    assert isinstance(make_policy(out), Pi0Policy)

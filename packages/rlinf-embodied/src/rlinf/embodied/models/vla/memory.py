@@ -38,25 +38,14 @@ from typing import Literal
 import torch
 from torch import nn
 
+from rlinf.embodied.models.config import DEFAULT_LORA_TARGET_MODULES
+
 __all__ = ["MODELS", "MemoryEstimate", "ParameterCounts", "count_parameters", "estimate", "main"]
 
 ModelName = Literal["pi0", "openvla"]
 MODELS: tuple[ModelName, ...] = ("pi0", "openvla")
 
-_PI0_LORA_SCOPE = "model.vlm."
 _UNUSED = ("model.dit.embed_tokens.",)
-_DEFAULT_SUFFIXES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "out_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "fc1",
-    "fc2",
-)
 _GIB = 1024**3
 
 
@@ -91,9 +80,15 @@ def _build_meta(model: ModelName) -> nn.Module:
         return OpenVLAModel(OpenVLAConfig(add_value_head=False))
 
 
+def _pi0_scope() -> str:
+    from rlinf.embodied.models.vla.pi0.policy import LORA_SCOPE
+
+    return LORA_SCOPE + "."
+
+
 def _lora_suffixes(model: ModelName) -> tuple[str, ...]:
     if model == "pi0":
-        return _DEFAULT_SUFFIXES
+        return DEFAULT_LORA_TARGET_MODULES
     from rlinf.embodied.models.vla.openvla.policy import LORA_TARGET_MODULES
 
     return tuple(LORA_TARGET_MODULES)
@@ -116,7 +111,7 @@ def count_parameters(model: ModelName, lora_rank: int) -> ParameterCounts:
     for name, layer in module.named_modules():
         if not isinstance(layer, nn.Linear) or name.rsplit(".", 1)[-1] not in suffixes:
             continue
-        if model == "pi0" and not name.startswith(_PI0_LORA_SCOPE):
+        if model == "pi0" and not name.startswith(_pi0_scope()):
             continue
         adapter += lora_rank * (layer.in_features + layer.out_features)
     unused = sum(p.numel() for n, p in module.named_parameters() if n.startswith(_UNUSED))
@@ -125,7 +120,7 @@ def count_parameters(model: ModelName, lora_rank: int) -> ParameterCounts:
         trained = sum(
             p.numel()
             for n, p in module.named_parameters()
-            if not n.startswith((_PI0_LORA_SCOPE, *_UNUSED))
+            if not n.startswith((_pi0_scope(), *_UNUSED))
         )
     return ParameterCounts(total=total, trained_with_lora=trained, adapter=adapter, unused=unused)
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from rlinf.embodied.models.vla.lora import (
     head_state_dict,
     merged_copy,
 )
+from rlinf.embodied.models.vla.model_dir import copy_side_files, require_model_path
 from rlinf.embodied.models.vla.openvla.action_tokenizer import OpenVLAActionTokenizer
 from rlinf.embodied.models.vla.openvla.configuration import OpenVLAConfig
 from rlinf.embodied.models.vla.openvla.modeling import OpenVLAModel, OpenVLAOutput
@@ -157,19 +157,12 @@ def encode_prompts(
 
 
 def _require_model_path(cfg: PolicyConfig) -> Path:
-    if cfg.model_path is None:
-        raise ValueError(
-            "actor.model.model_path is not set; model_type 'openvla' loads an openvla-format "
-            "directory (e.g. openvla/openvla-7b). Set actor.model.model_path to one (make a tiny "
-            "one with rlinf.embodied.models.vla.openvla.tiny.make_tiny_openvla)"
-        )
-    path = Path(cfg.model_path)
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"actor.model.model_path={str(path)!r} has no config.json; point it at an "
-            "openvla-format directory (config.json, model.safetensors, tokenizer, "
-            "preprocessor_config.json, dataset_statistics.json)"
-        )
+    path = require_model_path(
+        cfg,
+        "an openvla-format directory (config.json, model.safetensors, tokenizer, "
+        "preprocessor_config.json, dataset_statistics.json; e.g. openvla/openvla-7b)",
+        "make-tiny-vla --kind openvla --out DIR",
+    )
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type != OpenVLAConfig.model_type:
         raise ValueError(
@@ -598,11 +591,7 @@ class OpenVLAPolicy(BasePolicy):
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if out.resolve() != self.model_path.resolve():
-            for item in self.model_path.iterdir():
-                weights = item.suffix == ".safetensors" or item.name.endswith(".index.json")
-                if item.is_file() and item.name != "config.json" and not weights:
-                    shutil.copy2(item, out / item.name)  # not a sharded checkpoint's stale index
+        copy_side_files(self.model_path, out)
         if self.peft_model is None:
             self.model.save_pretrained(str(out))
             return out

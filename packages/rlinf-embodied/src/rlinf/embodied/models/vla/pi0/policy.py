@@ -25,7 +25,6 @@ its input/output projections and the heads train fully.
 from __future__ import annotations
 
 import copy
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from rlinf.embodied.models.base import BasePolicy
 from rlinf.embodied.models.config import PolicyConfig
 from rlinf.embodied.models.registry import register_policy
 from rlinf.embodied.models.vla.lora import ADAPTER_DIR, apply_lora, base_state_dict, merged_copy
+from rlinf.embodied.models.vla.model_dir import copy_side_files, require_model_path
 from rlinf.embodied.models.vla.pi0.checkpoint import read_pi0_config
 from rlinf.embodied.models.vla.pi0.images import Pi0ImageProcessor
 from rlinf.embodied.models.vla.pi0.normalization import load_pi0_statistics
@@ -57,7 +57,7 @@ from rlinf.embodied.models.vla.pi0.sampling import (
     value_query,
 )
 
-__all__ = ["HEADS_FILE", "MAX_CAMERAS", "Pi0Policy"]
+__all__ = ["HEADS_FILE", "LORA_SCOPE", "MAX_CAMERAS", "Pi0Policy"]
 
 HEADS_FILE = "rlinf_heads.safetensors"
 """The RL heads (value, noise std) beside the pi0 weights."""
@@ -65,23 +65,8 @@ HEADS_FILE = "rlinf_heads.safetensors"
 MAX_CAMERAS = 3
 """Camera slots of pi0 (base, left wrist, right wrist)."""
 
-_LORA_SCOPE = "model.vlm"
-
-
-def _require_model_path(cfg: PolicyConfig) -> Path:
-    if cfg.model_path is None:
-        raise ValueError(
-            "actor.model.model_path is not set; model_type 'pi0' loads a pi0 checkpoint "
-            "directory. Set actor.model.model_path to one (make a tiny one with "
-            "`make-tiny-vla --kind pi0 --out DIR`)"
-        )
-    path = Path(cfg.model_path)
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"actor.model.model_path={str(path)!r} has no config.json; point it at a pi0 "
-            "checkpoint directory (transformers, lerobot or openpi layout)"
-        )
-    return path
+LORA_SCOPE = "model.vlm"
+"""Where LoRA puts adapters in pi0: its VLM (PaliGemma); the expert trains fully."""
 
 
 def _load_model(path: Path) -> PI0ForConditionalGeneration:
@@ -125,7 +110,11 @@ class Pi0Policy(BasePolicy):
 
     def __init__(self, cfg: PolicyConfig, spec: EnvSpec) -> None:
         super().__init__(cfg, spec)
-        path = _require_model_path(cfg)
+        path = require_model_path(
+            cfg,
+            "a pi0 checkpoint directory (transformers, lerobot or openpi layout)",
+            "make-tiny-vla --kind pi0 --out DIR",
+        )
         self.model_path = path
         model = _load_model(path)
         config: Any = model.config
@@ -157,7 +146,7 @@ class Pi0Policy(BasePolicy):
         model.model.dit.embed_tokens.requires_grad_(False)
         peft_model = None
         if cfg.lora is not None:
-            peft_model = apply_lora(model, cfg.lora, scope=_LORA_SCOPE)
+            peft_model = apply_lora(model, cfg.lora, scope=LORA_SCOPE)
             # Adapters go on the VLM only; the action expert and its projections train fully.
             for part in (model.model.dit.layers, model.model.dit.norm):
                 part.requires_grad_(True)
@@ -270,10 +259,7 @@ class Pi0Policy(BasePolicy):
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if out.resolve() != self.model_path.resolve():
-            for item in self.model_path.iterdir():
-                if item.is_file() and item.name != "config.json" and item.suffix != ".safetensors":
-                    shutil.copy2(item, out / item.name)
+        copy_side_files(self.model_path, out)
         state = None if self.peft_model is None else base_state_dict(self.model)
         self.model.save_pretrained(str(out), state_dict=state)
         save_file(self._heads_to_save(), str(out / HEADS_FILE))
