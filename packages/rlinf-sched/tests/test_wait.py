@@ -1,11 +1,16 @@
-"""wait_all and launch_groups on real Ray: order, fail-fast, on_error, timeouts, clean-up."""
+"""wait_all and launch_groups on real Ray: order, fail-fast, on_error, timeouts, clean-up;
+launch-time checks of a group's Python environment."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import ray
@@ -14,6 +19,8 @@ from rlinf.core.channel import Channel
 from rlinf.sched import (
     Cluster,
     PackedPlacementStrategy,
+    PythonEnvConfig,
+    PythonEnvError,
     Worker,
     WorkerDiedError,
     WorkerError,
@@ -259,3 +266,63 @@ def test_launch_groups_leaves_nothing_running_when_one_fails(cluster: Cluster) -
             group.who()
     for name in ("healthy:0", "healthy:1", "broken:0", "broken:1"):
         assert _name_freed(name), f"actor {name} still alive after the failed launch"
+
+
+def test_launch_groups_with_a_missing_python_env_fails_naming_the_key(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An env that was never set up fails before any actor starts, and takes the others down."""
+    healthy = BrokenOnRank.create_group(-1)
+    elsewhere = BrokenOnRank.create_group(-1).use_python_env(
+        PythonEnvConfig(project=tmp_path / "libero"), key="env.python_env"
+    )
+    with pytest.raises(PythonEnvError) as info:
+        launch_groups(
+            cluster,
+            {
+                "healthy": (healthy, PackedPlacementStrategy(0, 1)),
+                "elsewhere": (elsewhere, PackedPlacementStrategy(2, 3)),
+            },
+            timeout=300,
+        )
+    message = str(info.value)
+    assert f"env.python_env.project = {tmp_path / 'libero'}" in message
+    assert f"uv sync --locked --project {tmp_path / 'libero'}" in message
+    for name in ("healthy:0", "healthy:1", "elsewhere:0", "elsewhere:1"):
+        assert _name_freed(name), f"actor {name} still alive after the failed launch"
+
+
+def test_a_python_env_that_cannot_import_the_worker_fails_naming_the_key(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An interpreter without rlinf (a bare venv) is refused with the import error."""
+    bare = tmp_path / "bare"
+    subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(bare)], check=True)
+    group = BrokenOnRank.create_group(-1).use_python_env(
+        PythonEnvConfig(interpreter=bare / "bin" / "python"), key="cluster.extra_env"
+    )
+    with pytest.raises(PythonEnvError, match=r"cluster\.extra_env\.interpreter = .*cannot import"):
+        group.launch(cluster, PackedPlacementStrategy(0, 0), name="bare")
+    assert _name_freed("bare:0")
+
+
+def test_a_python_env_of_another_python_or_ray_is_refused_naming_the_pin() -> None:
+    from rlinf.sched.python_env import _compare
+
+    ours = [sys.version_info.major, sys.version_info.minor]
+    same = {name: version(name) for name in ("ray", "pydantic", "cloudpickle")}
+    _compare("k", "/p", {"python": ours, "versions": same})  # fits
+    with pytest.raises(PythonEnvError, match=r"k: /p is Python 3\.99, the driver"):
+        _compare("k", "/p", {"python": [3, 99], "versions": same})
+    with pytest.raises(PythonEnvError, match=rf"ray 1\.0, the driver {same['ray']}.*ray=="):
+        _compare("k", "/p", {"python": ours, "versions": {**same, "ray": "1.0"}})
+
+
+def test_python_env_config_takes_exactly_one_of_project_and_interpreter() -> None:
+    with pytest.raises(ValueError, match="exactly one of project"):
+        PythonEnvConfig()
+    with pytest.raises(ValueError, match="exactly one of project"):
+        PythonEnvConfig(project=Path("a"), interpreter=Path("b"))
+    assert (
+        PythonEnvConfig(project=Path("a")).interpreter_path() == Path.cwd() / "a/.venv/bin/python"
+    )

@@ -43,6 +43,7 @@ from rlinf.core.config.errors import NO_VALUE
 from rlinf.embodied.envs.config import EnvConfig
 from rlinf.embodied.models.config import PolicyConfig
 from rlinf.sched.config import ClusterConfig
+from rlinf.sched.python_env import PythonEnvConfig
 
 __all__ = [
     "ActorConfig",
@@ -307,6 +308,12 @@ class EmbodiedEnvConfig(RLinfModel):
 
     train: EnvSplitConfig
     eval: EnvSplitConfig | None = Field(None, description="Eval envs; null disables eval.")
+    python_env: PythonEnvConfig | None = Field(
+        None,
+        description="Python environment of the env workers ({project: DIR} of a uv project, "
+        "or {interpreter: PATH}), for simulators whose pins clash with the trainer's; "
+        "null: the driver's. See docs/simulators.md.",
+    )
 
 
 class RolloutConfig(RLinfModel):

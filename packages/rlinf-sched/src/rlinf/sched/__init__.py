@@ -9,7 +9,8 @@ rank), :func:`launch_groups` (several groups at once, all or none),
 point-to-point ``send``/``recv``/``broadcast`` between workers of any groups
 (:mod:`rlinf.sched.comm`), channels found by name across nodes, device locks
 and offload/onload hooks for collocated phases, and the placement side of
-online scaling (:mod:`rlinf.sched.scaling`).
+online scaling (:mod:`rlinf.sched.scaling`), and per-group Python
+environments (:mod:`rlinf.sched.python_env`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -25,6 +26,7 @@ from rlinf.sched.placement import (
     NodePlacementStrategy,
     PackedPlacementStrategy,
 )
+from rlinf.sched.python_env import PythonEnvConfig, PythonEnvError
 from rlinf.sched.scaling import ScalingError, grown_actor_strategy, scale_actor
 from rlinf.sched.wait import wait_all, wait_for_progress
 from rlinf.sched.worker import GroupFuture, Worker, WorkerDiedError, WorkerError, WorkerGroup
@@ -51,6 +53,8 @@ __all__ = [
     "NodePlacementStrategy",
     "PackedPlacementStrategy",
     "PeerDiedError",
+    "PythonEnvConfig",
+    "PythonEnvError",
     "ScalingError",
     "Worker",
     "WorkerDiedError",

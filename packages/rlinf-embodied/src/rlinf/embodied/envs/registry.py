@@ -22,6 +22,7 @@ __all__ = ["available_envs", "import_simulator", "make_env", "register_env"]
 _BUILTIN: dict[str, str] = {
     "gym": "rlinf.embodied.envs.gym_env",
     "lang_reach": "rlinf.embodied.envs.lang_reach",
+    "libero": "rlinf.embodied.envs.libero_env",
     "maniskill": "rlinf.embodied.envs.maniskill_env",
     "robosuite": "rlinf.embodied.envs.robosuite_env",
 }

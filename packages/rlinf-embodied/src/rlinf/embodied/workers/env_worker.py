@@ -61,7 +61,7 @@ from rlinf.embodied.workers.common import (
 )
 from rlinf.embodied.workers.policy_host import InProcessPolicy, PolicyHost, sampling_generator
 from rlinf.embodied.workers.trajectory import TrajectoryBuilder
-from rlinf.sched import Worker
+from rlinf.sched import Worker, WorkerGroup
 
 __all__ = ["EnvWorker"]
 
@@ -77,6 +77,12 @@ class EnvWorker(Worker):
     """Calls run on the main thread, one at a time (see :class:`~rlinf.sched.Worker`):
     nothing then takes the GIL from the simulator every 10 ms. The runners send an
     env rank one call at a time."""
+
+    @classmethod
+    def create_group(cls, cfg: EmbodiedConfig) -> WorkerGroup:
+        """The env group; its ranks run ``env.python_env``'s interpreter when that is set."""
+        group = super().create_group(cfg)
+        return group.use_python_env(cfg.env.python_env, key="env.python_env")
 
     def __init__(self, cfg: EmbodiedConfig) -> None:
         super().__init__()

@@ -21,6 +21,7 @@ from rlinf.sched.cluster_info import NodeInfo
 from rlinf.sched.comm.directory import get_directory
 from rlinf.sched.comm.p2p import inbox_name
 from rlinf.sched.placement import NodePlacementStrategy, PackedPlacementStrategy, Placement
+from rlinf.sched.python_env import PythonEnvConfig, check_python_env
 from rlinf.sched.worker.device_lock import DEVICES_ENV
 from rlinf.sched.worker.worker import Worker
 
@@ -205,6 +206,28 @@ class WorkerGroup:
         self._node_ids: list[str] = []
         self._only: list[int] | None = None
         self._launch_options: dict[str, Any] | None = None
+        self._python_env: tuple[PythonEnvConfig, str] | None = None
+        self._interpreter: str | None = None
+
+    def use_python_env(self, spec: PythonEnvConfig | None, key: str) -> WorkerGroup:
+        """Runs this group's ranks with another Python environment's interpreter.
+
+        It takes precedence over the nodes' ``python_interpreter_path``; the
+        environment is checked when the group launches
+        (:func:`rlinf.sched.python_env.check_python_env`).
+
+        Args:
+            spec: The environment; None keeps the driver's (or the node's) interpreter.
+            key: The config key ``spec`` came from, named in errors
+                (e.g. ``env.python_env``).
+
+        Returns:
+            This group, for chaining.
+        """
+        if self._actors:
+            raise RuntimeError(f"group {self._name!r} is already launched")
+        self._python_env = None if spec is None else (spec, key)
+        return self
 
     def launch(
         self,
@@ -248,6 +271,10 @@ class WorkerGroup:
             "timeout": timeout,
         }
         started = time.monotonic()
+        if self._python_env is not None:
+            spec, key = self._python_env
+            self._interpreter = check_python_env(spec, self._cls.__module__, key)
+            _log.info("%s runs with %s (%s)", name, self._interpreter, key)
         _log.info("launching %s x%d ...", name, len(placements))
         master = info.nodes[placements[0].node_rank]
         master_port = _free_port_on(master, timeout)
@@ -275,8 +302,9 @@ class WorkerGroup:
     ) -> dict[str, Any]:
         """Ray options of one rank's actor: its name, environment and node pin."""
         runtime_env: dict[str, Any] = {"env_vars": env}
-        if node.python_interpreter_path:
-            runtime_env["py_executable"] = node.python_interpreter_path
+        interpreter = self._interpreter or node.python_interpreter_path
+        if interpreter:
+            runtime_env["py_executable"] = interpreter
         options: dict[str, Any] = {
             "name": actor_name,
             "namespace": RAY_NAMESPACE,

@@ -216,7 +216,8 @@ def make_tiny_pi0(
         stats_format: ``rlinf`` (``dataset_statistics.json``, quantiles) or ``openpi``
             (``norm_stats.json``, mean/std: identity maps here).
         state_dim: The env's state dims (0: none; else identity state statistics).
-        prompt_length: Text tokens per prompt (the tokenizer's ``model_max_length``).
+        prompt_length: Text tokens per prompt (the tokenizer's ``model_max_length``);
+            raised to fit the longest of ``instructions`` with ``<bos>`` and newline.
         layers: Layers of the SigLIP tower, the VLM and the expert. The expert reads the
             VLM's KV cache layer by layer, so its last layer sees VLM features after
             ``layers - 1`` VLM layers: tasks that must bind a word to an image region (the
@@ -233,7 +234,8 @@ def make_tiny_pi0(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_gemma_tokenizer(instructions)
-    tokenizer.model_max_length = prompt_length
+    longest = max((len(tokenizer(text).input_ids) + 2 for text in instructions), default=0)
+    tokenizer.model_max_length = max(prompt_length, longest)
     config = tiny_pi0_config(
         vocab_size=len(tokenizer),
         image_size=image_size,
