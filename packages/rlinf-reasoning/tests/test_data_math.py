@@ -88,6 +88,53 @@ def test_loads_jsonl_and_json_with_answers_as_lists(
         ds[3]
 
 
+def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_parquet_loads_like_jsonl(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A parquet file (the hubs' format) gives the same items as the same rows in jsonl;
+    an answer column of lists works as in json."""
+    rows = [
+        {"problem": "what is one plus one", "answer": ["2"]},
+        {"problem": "compute two times three", "answer": ["6"]},
+        {"problem": "what is four plus five", "answer": ["9", "nine"]},
+    ]
+    parquet = write_parquet(tmp_path / "train.parquet", rows)
+    jsonl = write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = DataConfig(max_prompt_length=32)
+    from_parquet = MathDataset([parquet], tokenizer, cfg)
+    from_jsonl = MathDataset([jsonl], tokenizer, cfg)
+    assert len(from_parquet) == 3
+    for i in range(3):
+        a, b = from_parquet[i], from_jsonl[i]
+        assert (a.prompt, a.answers, a.prompt_ids) == (b.prompt, b.answers, b.prompt_ids)
+    assert from_parquet.source(2) == f"{parquet} row 2"
+
+
+def test_parquet_errors_name_the_row_and_the_key(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    path = write_parquet(tmp_path / "q.parquet", [{"question": "what is one", "solution": "1"}])
+    with pytest.raises(DatasetError) as info:
+        MathDataset([path], tokenizer, DataConfig())
+    msg = str(info.value)
+    assert f"{path} row 0" in msg and "data.prompt_key" in msg
+    assert "['question', 'solution']" in msg
+    mapped = MathDataset(
+        [path], tokenizer, DataConfig(prompt_key="question", answer_key="solution")
+    )
+    assert mapped[0].answers == ["1"]
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet at all")
+    with pytest.raises(DatasetError, match=r"broken\.parquet: not a readable parquet file"):
+        MathDataset([broken], tokenizer, DataConfig())
+
+
 def test_custom_keys(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     path = write_jsonl(tmp_path / "c.jsonl", [{"question": "what is one", "solutions": ["1"]}])
     cfg = DataConfig(prompt_key="question", answer_key="solutions")
@@ -199,7 +246,7 @@ def test_bad_values_and_json(tmp_path: Path, tokenizer: PreTrainedTokenizerBase)
     broken.write_text('{"problem": "x", "answer": "1"}\n{"problem": \n', encoding="utf-8")
     with pytest.raises(DatasetError, match=r"c\.jsonl:2: invalid JSON"):
         MathDataset([broken], tokenizer, DataConfig())
-    with pytest.raises(DatasetError, match=r"use \.jsonl"):
+    with pytest.raises(DatasetError, match=r"use \.jsonl .*\.parquet"):
         MathDataset([tmp_path / "data.csv"], tokenizer, DataConfig())
 
 

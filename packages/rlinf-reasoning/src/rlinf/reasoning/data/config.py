@@ -14,15 +14,16 @@ __all__ = ["DataConfig"]
 class DataConfig(RLinfModel):
     """Where the math prompts come from and how they are prepared (``data``).
 
-    Unknown keys are errors. Files are ``.jsonl`` (one JSON object per line) or
-    ``.json`` (a list of objects, or one object).
+    Unknown keys are errors. Files are ``.jsonl`` (one JSON object per line),
+    ``.json`` (a list of objects, or one object) or ``.parquet`` (one row per record,
+    one column per key).
     """
 
     train_files: list[Path] = Field(
-        default_factory=list, description="Training data files (.jsonl or .json)."
+        default_factory=list, description="Training data files (.jsonl, .json or .parquet)."
     )
     val_files: list[Path] = Field(
-        default_factory=list, description="Validation data files (.jsonl or .json)."
+        default_factory=list, description="Validation data files (.jsonl, .json or .parquet)."
     )
     prompt_key: str = Field(
         "problem",

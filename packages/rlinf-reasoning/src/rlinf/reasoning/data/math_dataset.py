@@ -1,7 +1,7 @@
-"""Math prompts from json/jsonl files, tokenized once, and left-padded batches.
+"""Math prompts from jsonl, json or parquet files, tokenized once, and left-padded batches.
 
-A record is a JSON object with a prompt under ``cfg.prompt_key`` and an answer under
-``cfg.answer_key``:
+A record is a JSON object (or a parquet row, one column per key) with a prompt under
+``cfg.prompt_key`` and an answer under ``cfg.answer_key``:
 
 * the prompt is a string, or (with ``apply_chat_template``) a string or a list of chat
   messages ``[{"role": ..., "content": ...}]``;
@@ -122,16 +122,16 @@ def collate_left_padded(
 
 @dataclass(frozen=True)
 class _Record:
-    location: str  # "file.jsonl:12" or "file.json record 3"
+    location: str  # "file.jsonl:12", "file.json record 3" or "file.parquet row 3"
     data: dict[str, Any]
 
 
 def _read_records(path: Path) -> list[_Record]:
     suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json"):
+    if suffix not in (".jsonl", ".json", ".parquet"):
         raise DatasetError(
             f"data file {str(path)!r} has suffix {path.suffix!r}; use .jsonl (one JSON "
-            "object per line) or .json (a list of objects)"
+            "object per line), .json (a list of objects) or .parquet (one row per record)"
         )
     if not path.is_file():
         raise FileNotFoundError(
@@ -140,6 +140,8 @@ def _read_records(path: Path) -> list[_Record]:
             + "; check data.train_files / data.val_files (relative paths are resolved "
             f"against the working directory {str(Path.cwd())!r})"
         )
+    if suffix == ".parquet":
+        return _read_parquet(path)
     records: list[_Record] = []
     with path.open(encoding="utf-8") as f:
         if suffix == ".jsonl":
@@ -171,6 +173,21 @@ def _read_records(path: Path) -> list[_Record]:
             raise DatasetError(f"{location}: expected a JSON object, got {type(obj).__name__}")
         records.append(_Record(location, obj))
     return records
+
+
+def _read_parquet(path: Path) -> list[_Record]:
+    """The rows of a parquet file (as the hubs publish RL datasets), read with pyarrow.
+
+    Columns become keys; list columns become lists, so an answer column of
+    lists works as in json.
+    """
+    import pyarrow.parquet as pq  # only parquet files need it
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several error types for bad files
+        raise DatasetError(f"{path}: not a readable parquet file ({exc})") from exc
+    return [_Record(f"{path} row {i}", row) for i, row in enumerate(rows)]
 
 
 def _field(record: _Record, key: str, what: str) -> Any:
