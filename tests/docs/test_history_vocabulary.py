@@ -50,6 +50,8 @@ def _text_files() -> Iterator[Path]:
     yield from sorted(REPO.glob("packages/*/README.md"))
     yield from sorted(REPO.glob("crates/*/README.md"))
     for path in sorted((REPO / "examples").rglob("*")):
+        if ".venv" in path.parts:  # a uv project's environment (examples/embodiment/libero)
+            continue
         if path.is_file() and path.suffix in {".md", ".yaml", ".yml", ".py", ".txt", ".toml"}:
             yield path
 
