@@ -25,7 +25,7 @@ from rlinf.core import startup
 from rlinf.core.config import ConfigError, add_config_arguments, config_from_args
 from rlinf.core.interrupt import EXIT_INTERRUPTED, interrupted_message, interrupts_ignored
 from rlinf.reasoning.config import ReasoningConfig
-from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups
+from rlinf.reasoning.runner import ReasoningRunner, launch_reasoning_groups, launch_tool_group
 from rlinf.sched import Cluster
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
@@ -57,11 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         startup.mark("ray")
         try:
             placement, actor, rollout, reward = launch_reasoning_groups(cfg, cluster)
+            tool = launch_tool_group(cfg, cluster)  # agentic runs placing `tool`; else None
         except ValueError as err:  # the placement or world sizes do not fit this cluster
             print(f"cannot place the run on this cluster: {err}", file=sys.stderr)
             return 2
         startup.mark("groups")
-        runner = ReasoningRunner(cfg, actor, rollout, reward, collocated=placement.is_collocated)
+        runner = ReasoningRunner(
+            cfg, actor, rollout, reward, collocated=placement.is_collocated, tool=tool
+        )
         runner.init_workers()
         last = runner.run()
     except KeyboardInterrupt:

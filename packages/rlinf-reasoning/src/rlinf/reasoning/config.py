@@ -16,6 +16,8 @@ Sections (``examples/reasoning/config/*.yaml`` show all of them)::
                 model_path, tokenizer_path, dtype, micro_batch_size, recompute_logprobs,
                 optim (lr, schedule, clip_grad), sync_bucket_mb, enable_offload, dist_backend
     reward:     reward_type, reward_scale, timeout_s, num_workers (RewardConfig)
+    agent:      (optional) multi-turn tool use: tools, max_turns, max_response_tokens,
+                penalties, ... (AgentConfig); places the optional ``tool`` component
     profile_data: (optional) measured seconds per step for ``rlinf auto-place``:
                 rollout_cost, inference_cost, actor_cost, reward_cost, sync_cost, slots
 
@@ -37,6 +39,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlinf.core.config import RLinfModel, RunnerConfig
 from rlinf.core.config.schema import rename_deprecated_key
+from rlinf.reasoning.agent.config import AgentConfig
 from rlinf.reasoning.data.config import DataConfig
 from rlinf.reasoning.reward.config import RewardConfig
 from rlinf.sched.config import ClusterConfig
@@ -55,8 +58,8 @@ __all__ = [
     "SamplingConfig",
 ]
 
-COMPONENTS = ("actor", "rollout", "reward")
-"""Components a reasoning run places."""
+COMPONENTS = ("actor", "rollout", "reward", "tool")
+"""Components a reasoning run places (``tool`` only with an ``agent`` section, optionally)."""
 
 KLKind = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl"]
 
@@ -72,6 +75,7 @@ class ReasoningClusterConfig(ClusterConfig):
     """
 
     components: ClassVar[tuple[str, ...]] = COMPONENTS
+    optional_components: ClassVar[tuple[str, ...]] = ("tool",)
     placement_examples: ClassVar[str] = (
         "'actor,rollout,reward: all' (collocated) or actor: 0, rollout: 1, reward: 1 "
         "(disaggregated)"
@@ -548,10 +552,26 @@ class ReasoningConfig(RLinfModel):
     profile_data: ProfileDataConfig | None = Field(
         None, description="Measured costs for rlinf auto-place (instead of profiling)."
     )
+    agent: AgentConfig | None = Field(
+        None, description="Multi-turn rollouts with tool calls (agentic RL); null: one turn."
+    )
+
+    @property
+    def places_tool_workers(self) -> bool:
+        """Whether ``cluster.component_placement`` places a ``tool`` group."""
+        from rlinf.sched.placement.grammar import parse_component_placement
+
+        specs = parse_component_placement(self.cluster.component_placement)
+        return any("tool" in spec.names for spec in specs)
 
     @model_validator(mode="after")
     def _check(self) -> ReasoningConfig:
         alg, data, runner, actor = self.algorithm, self.data, self.runner, self.actor
+        if self.agent is None and self.places_tool_workers:
+            raise ValueError(
+                "cluster.component_placement places tool workers but there is no agent "
+                "section; add agent: {tools: [python]} or remove tool from the placement"
+            )
         g, n = alg.group_size, alg.rollout_batch_size
         if alg.adv_type == "grpo" and g < 2:
             raise ValueError(

@@ -71,6 +71,7 @@ from rlinf.core.run_state import RunProgress, load_run_state, save_run_state
 from rlinf.reasoning.async_grpo import AsyncPipeline, check_async_placement, staleness_metrics
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.data import MathDataset, ResumableSampler
+from rlinf.reasoning.tools.factory import build_registry
 from rlinf.reasoning.workers.common import load_tokenizer
 from rlinf.sched import (
     Cluster,
@@ -84,7 +85,12 @@ from rlinf.sched import (
 from rlinf.sched.placement import ModelParallelComponentPlacement, PlacementStrategy
 from rlinf.sched.recovery import resume_from_newest, run_with_restarts
 
-__all__ = ["ReasoningRunner", "find_latest_checkpoint", "launch_reasoning_groups"]
+__all__ = [
+    "ReasoningRunner",
+    "find_latest_checkpoint",
+    "launch_reasoning_groups",
+    "launch_tool_group",
+]
 
 _log = get_logger("rlinf.reasoning.runner")
 
@@ -178,6 +184,46 @@ def launch_reasoning_groups(
     return placement, actor, rollout, reward
 
 
+def launch_tool_group(
+    cfg: ReasoningConfig,
+    cluster: Cluster,
+    name_prefix: str = "",
+    timeout: float = 600.0,
+    tool_cls: type[Worker] | None = None,
+) -> WorkerGroup | None:
+    """Launches the tool worker group where ``cluster.component_placement`` places ``tool``.
+
+    Without a ``tool`` entry (or without an ``agent`` section) the rollout ranks
+    run their tool calls themselves and this returns None.
+
+    Args:
+        cfg: The validated config.
+        cluster: The cluster.
+        name_prefix: Prefix of the group name.
+        timeout: Seconds to wait for the workers to start.
+        tool_cls: The tool worker class; default :class:`~rlinf.reasoning.workers.ToolWorker`.
+
+    Returns:
+        The group, or None.
+    """
+    if cfg.agent is None or not cfg.places_tool_workers:
+        return None
+    from rlinf.reasoning.workers import ToolWorker
+
+    placement = _place(cfg, cluster)
+    groups = launch_groups(
+        cluster,
+        {
+            f"{name_prefix}ToolGroup": (
+                (tool_cls or ToolWorker).create_group(cfg),
+                placement.get_strategy("tool"),
+            )
+        },
+        timeout=timeout,
+    )
+    return next(iter(groups.values()))
+
+
 def _place(cfg: ReasoningConfig, cluster: Cluster) -> ModelParallelComponentPlacement:
     """The placement of ``cfg.cluster.component_placement`` on ``cluster``.
 
@@ -265,7 +311,13 @@ class ReasoningRunner(ClosesOnExit):
         reward: WorkerGroup,
         *,
         collocated: bool = False,
+        tool: WorkerGroup | None = None,
     ) -> None:
+        if cfg.places_tool_workers and tool is None:
+            raise ValueError(
+                "cluster.component_placement places tool workers but no tool group was given; "
+                "launch it with launch_tool_group(cfg, cluster) and pass tool= to ReasoningRunner"
+            )
         check_implements(actor.worker_cls, ReasoningActorWorker)
         check_implements(rollout.worker_cls, ReasoningRolloutWorker)
         check_implements(reward.worker_cls, ReasoningRewardWorker)
@@ -280,6 +332,8 @@ class ReasoningRunner(ClosesOnExit):
                     )
         self.cfg = cfg
         self.actor, self.rollout, self.reward = actor, rollout, reward
+        self.tool = tool
+        self._tool_serving: Any = None  # the tool group's serve() futures
         self.collocated = collocated
         self.global_step = 0
         self.restarts = 0
@@ -351,6 +405,7 @@ class ReasoningRunner(ClosesOnExit):
             total,
         )
         self._open_channels()
+        self._start_tool_workers()
         resume = self.cfg.runner.resume_dir if resume_dir is None else resume_dir
         resume_from(resume, self.checkpoint_root, self.load_checkpoint)
         if cfg.runner.freeze_gc_heap:  # set-up objects leave the cyclic collector's passes
@@ -371,7 +426,15 @@ class ReasoningRunner(ClosesOnExit):
         """
         cfg = self.cfg
         self.tokenizer = load_tokenizer(cfg.actor.tokenizer_dir)
-        self.train_set = MathDataset.from_config(cfg.data, self.tokenizer, "train")
+        tools = None
+        if cfg.agent is not None:  # the prompt lists the tools (the chat template's tools=)
+            if not cfg.data.apply_chat_template:
+                raise ValueError(
+                    "agent needs data.apply_chat_template: true (the chat template renders "
+                    "the tools into the prompt and formats their answers)"
+                )
+            tools = build_registry(cfg.agent).schemas()
+        self.train_set = MathDataset.from_config(cfg.data, self.tokenizer, "train", tools)
         n = cfg.algorithm.rollout_batch_size
         if len(self.train_set) < n:
             raise ValueError(
@@ -382,7 +445,7 @@ class ReasoningRunner(ClosesOnExit):
         if cfg.data.val_files and (
             cfg.runner.val_check_interval > 0 or cfg.runner.val_before_train
         ):
-            self.val_set = MathDataset.from_config(cfg.data, self.tokenizer, "val")
+            self.val_set = MathDataset.from_config(cfg.data, self.tokenizer, "val", tools)
         self.sampler = ResumableSampler(
             len(self.train_set), shuffle=cfg.data.shuffle, seed=cfg.data.seed
         )
@@ -421,6 +484,33 @@ class ReasoningRunner(ClosesOnExit):
         self.proximal: Channel | None = None  # async: the rollout's proximal logprobs
         if self.cfg.scores_proximal_on_rollout:
             self.proximal = self._res.channel("proximal", f"{tag}.proximal", max_items=items)
+
+    def _start_tool_workers(self) -> None:
+        """Agentic runs with a tool group: it serves the rollout ranks' calls from now on."""
+        if self.tool is None:
+            return
+        timeout = self.cfg.runner.step_timeout_s
+        self._stop_tool_workers()  # a second init_workers() restarts the serving
+        wait_all([self.tool.init_worker()], timeout, hint=_TIMEOUT_HINT)
+        tag = f"rlinf-tools-{uuid.uuid4().hex[:10]}"
+        keys = max(64, self.rollout.world_size + 1)
+        requests = self._res.channel("tool_requests", f"{tag}.requests", max_items=8192)
+        replies = self._res.channel("tool_replies", f"{tag}.replies", max_keys=keys)
+        self._tool_requests = requests
+        self._tool_serving = self.tool.serve(requests, replies)
+        wait_all([self.rollout.attach_tool_workers(requests, replies)], timeout, hint=_TIMEOUT_HINT)
+
+    def _stop_tool_workers(self) -> None:
+        """Ends the tool group's serve() calls (one ``None`` per rank)."""
+        if self.tool is None or self._tool_serving is None:
+            return
+        serving, self._tool_serving = self._tool_serving, None
+        try:
+            for _ in range(self.tool.world_size):
+                self._tool_requests.put(None, timeout=self.cfg.runner.channel_timeout_s)
+            wait_all([serving], self.cfg.runner.step_timeout_s, hint=_TIMEOUT_HINT)
+        except Exception as err:  # closing anyway: the channels go next
+            _log.warning("stopping the tool workers failed: %s", err)
 
     # ------------------------------------------------------------------ data
     def _next_indices(self) -> list[int]:
@@ -550,6 +640,7 @@ class ReasoningRunner(ClosesOnExit):
             )
 
         metrics = _actor_step_metrics(actor_out)
+        metrics.update(_agent_time_metrics(rollout_out))
         t_rollout = max(r["busy_s"] for r in rollout_out)
         t_reward = max(r["busy_s"] for r in reward_out)
         t_train, t_recompute = metrics["time/actor/training"], metrics["time/actor/inference"]
@@ -864,10 +955,12 @@ class ReasoningRunner(ClosesOnExit):
             except Exception as err:  # closing anyway; the channels go below
                 _log.warning("stopping the async streams failed: %s", err)
                 self._async.abort()
+        self._stop_tool_workers()
         self._res.close()
         if groups:
-            for group in (self.actor, self.rollout, self.reward):
-                group.close()
+            for group in (self.actor, self.rollout, self.reward, self.tool):
+                if group is not None:
+                    group.close()
 
     def shutdown(self, groups: bool = True) -> None:
         """Deprecated: ``close(groups=True)``."""
@@ -906,6 +999,15 @@ def _throughput_metrics(
     }
 
 
+def _agent_time_metrics(rollout_out: list[dict[str, Any]]) -> dict[str, float]:
+    """Multi-turn runs: the share of agent time the engine waited for tools, over the ranks."""
+    seconds = sum(r.get("agent_seconds", 0.0) for r in rollout_out)
+    if seconds <= 0:
+        return {}
+    wait = sum(r.get("agent_tool_wait_s", 0.0) for r in rollout_out)
+    return {"agent/tool_wait_share": wait / seconds}
+
+
 def _actor_step_metrics(actor_out: list[dict[str, Any]]) -> dict[str, float]:
     """Rollout statistics, the ranks' mean train metrics and the slowest rank's actor times."""
     metrics = _rollout_metrics([r["rollout"] for r in actor_out])
@@ -927,7 +1029,15 @@ def _rollout_metrics(stats: list[dict[str, float]]) -> dict[str, float]:
     adv_count = sum(s["adv_count"] for s in stats)
     resp = sum(s["response_length_sum"] for s in stats) / count
     prompt = sum(s["prompt_length_sum"] for s in stats) / count
+    agent: dict[str, float] = {}  # multi-turn: per-trajectory means (agent/turns, ...)
+    for key in sorted({k for s in stats for k in s if k.startswith("traj/")}):
+        agent[f"agent/{key[5:]}"] = sum(s.get(key, 0.0) for s in stats) / count
+    if "agent/tool_calls" in agent:
+        calls = agent["agent/tool_calls"]
+        seconds = agent.pop("agent/tool_seconds", 0.0)
+        agent["agent/tool_latency_s"] = seconds / calls if calls > 0 else 0.0
     return {
+        **agent,
         "rollout/reward_scores": sum(s["reward_sum"] for s in stats) / count,
         "rollout/response_length": resp,
         "rollout/response_length_max": max(s["response_length_max"] for s in stats),

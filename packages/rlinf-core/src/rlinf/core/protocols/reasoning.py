@@ -61,6 +61,13 @@ class RolloutResult:
         step: The global step.
         rewards: ``G`` rewards, filled in by the reward stage (None before).
         response_texts: Decoded responses, filled in by the reward stage.
+        generated_masks: Multi-turn (agent) responses only: ``G`` lists, one flag per
+            response token, true where the model generated it and false on
+            observation tokens (tool responses, chat-template scaffolding), which
+            are context but never trained on. None: every token was generated.
+        trajectory_stats: Multi-turn responses only: ``G`` dicts of per-trajectory
+            counts (``turns``, ``tool_calls``, ``tool_errors``, ...), read by the
+            reward's penalties and the step metrics.
     """
 
     prompt_ids: list[int]
@@ -73,6 +80,8 @@ class RolloutResult:
     step: int = 0
     rewards: list[float] | None = None
     response_texts: list[str] | None = field(default=None, repr=False)
+    generated_masks: list[list[bool]] | None = field(default=None, repr=False)
+    trajectory_stats: list[dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
         """Checks that the per-response lists agree; errors name the field."""
@@ -88,6 +97,21 @@ class RolloutResult:
                 raise ValueError(
                     f"RolloutResult response {i}: {len(ids)} ids but {len(lps)} logprobs"
                 )
+        if self.generated_masks is not None:
+            masks = self.generated_masks
+            if len(masks) != g or any(
+                len(m) != len(ids) for m, ids in zip(masks, self.response_ids, strict=False)
+            ):
+                raise ValueError(
+                    "RolloutResult.generated_masks must hold one flag per response token "
+                    f"({[len(r) for r in self.response_ids]} tokens, masks of "
+                    f"{[len(m) for m in masks]})"
+                )
+        if self.trajectory_stats is not None and len(self.trajectory_stats) != g:
+            raise ValueError(
+                f"RolloutResult.trajectory_stats has {len(self.trajectory_stats)} entries, "
+                f"expected {g}"
+            )
         if self.rewards is not None and len(self.rewards) != g:
             raise ValueError(f"RolloutResult.rewards has {len(self.rewards)} entries, expected {g}")
 
@@ -108,5 +132,12 @@ class RolloutResult:
 
     @property
     def num_tokens(self) -> int:
-        """Generated tokens over the group."""
+        """Response tokens over the group (observation tokens included)."""
         return sum(len(r) for r in self.response_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the model generated over the group (observation tokens excluded)."""
+        if self.generated_masks is None:
+            return self.num_tokens
+        return sum(sum(m) for m in self.generated_masks)

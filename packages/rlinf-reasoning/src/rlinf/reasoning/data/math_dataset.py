@@ -18,7 +18,7 @@ writes the special tokens it wants (encoding it with them would double the BOS).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -258,6 +258,7 @@ class MathDataset(Dataset[MathItem]):
         files: Sequence[str | Path],
         tokenizer: PreTrainedTokenizerBase,
         cfg: DataConfig,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """Load, template, tokenize and length-check every record of ``files``.
 
@@ -265,6 +266,8 @@ class MathDataset(Dataset[MathItem]):
             files: ``.jsonl``/``.json`` files, read in order and concatenated.
             tokenizer: A Hugging Face tokenizer with a pad token.
             cfg: The ``data`` config (keys, template, length limit, filtering).
+            tools: Function schemas the chat template renders into every prompt
+                (its ``tools`` argument; agentic runs), or None.
 
         Raises:
             ValueError: If ``files`` is empty or the tokenizer has no pad token.
@@ -274,6 +277,9 @@ class MathDataset(Dataset[MathItem]):
         """
         _check_inputs(files, tokenizer, cfg)
         self.cfg = cfg
+        self.tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            list(tools) if tools else None
+        )
         self.files = [Path(f) for f in files]
         self.pad_token_id: int = int(tokenizer.pad_token_id)
         records = [rec for path in self.files for rec in _read_records(path)]
@@ -323,7 +329,11 @@ class MathDataset(Dataset[MathItem]):
 
     @classmethod
     def from_config(
-        cls, cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, split: str = "train"
+        cls,
+        cfg: DataConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        split: str = "train",
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> MathDataset:
         """Build the ``train`` or ``val`` dataset named by ``cfg``.
 
@@ -331,6 +341,7 @@ class MathDataset(Dataset[MathItem]):
             cfg: The ``data`` config.
             tokenizer: A tokenizer with a pad token.
             split: ``"train"`` (``cfg.train_files``) or ``"val"`` (``cfg.val_files``).
+            tools: Function schemas for the chat template (see :class:`MathDataset`).
 
         Returns:
             The dataset.
@@ -343,7 +354,7 @@ class MathDataset(Dataset[MathItem]):
         files = cfg.train_files if split == "train" else cfg.val_files
         if not files:
             raise ValueError(f"data.{split}_files is empty; list the .jsonl/.json files")
-        return cls(files, tokenizer, cfg)
+        return cls(files, tokenizer, cfg, tools)
 
     def _prompt_text(self, record: _Record, tokenizer: PreTrainedTokenizerBase) -> str:
         key = self.cfg.prompt_key
@@ -368,7 +379,9 @@ class MathDataset(Dataset[MathItem]):
         )
         if self.cfg.system_prompt is not None and messages[0].get("role") != "system":
             messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=True, tokenize=False
+        )
         if not isinstance(text, str):  # pragma: no cover - tokenize=False returns text
             raise DatasetError(f"{record.location}: the chat template did not return text")
         return text

@@ -32,6 +32,7 @@ Writing a tool::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -58,6 +59,11 @@ class Tool:
         fn: Called as ``fn(**arguments)``; returns the observation text. Module level
             (it is pickled into the call's process).
         timeout_s: Seconds before the call is killed and reported as timed out.
+        in_thread: Call ``fn`` in the caller's thread instead of a process of its
+            own: for tools that bound their own work (the ``python`` tool runs its
+            program in the sandbox, with its own timeout; ``search`` is a quick
+            lookup). Process calls are forked from a threaded executor, which the
+            rare library does not survive: prefer this where the tool allows it.
     """
 
     name: str
@@ -65,6 +71,7 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., str]
     timeout_s: float = 10.0
+    in_thread: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema chat templates render (``tools=[...]``)."""
@@ -143,7 +150,24 @@ class ToolRegistry:
                 f"Error: bad arguments for {call.name} ({where}): {exc.message}.",
                 "bad_arguments",
             )
+        if tool.in_thread:
+            return _run_here(tool, call.arguments)
         return _run(tool, call.arguments)
+
+
+def _run_here(tool: Tool, arguments: dict[str, Any]) -> ToolResult:
+    """Runs ``tool`` in this thread (it bounds its own time)."""
+    started = time.monotonic()
+    try:
+        content = tool.fn(**arguments)
+    except Exception as exc:  # the tool's own failure, reported to the model
+        return ToolResult(
+            tool.name,
+            f"Error: {tool.name} raised {type(exc).__name__}: {exc}",
+            "raised",
+            time.monotonic() - started,
+        )
+    return ToolResult(tool.name, str(content), None, time.monotonic() - started)
 
 
 def _run(tool: Tool, arguments: dict[str, Any]) -> ToolResult:
@@ -170,8 +194,8 @@ def _run(tool: Tool, arguments: dict[str, Any]) -> ToolResult:
     return ToolResult(tool.name, str(content), None, time.monotonic() - started)
 
 
-def _python(code: str) -> str:
-    result = run_python(code, SandboxLimits())
+def _python(code: str, timeout_s: float) -> str:
+    result = run_python(code, SandboxLimits(timeout_s=timeout_s))
     parts = [result.stdout]
     if result.stderr:
         parts.append(result.stderr)
@@ -202,6 +226,7 @@ def python_tool(timeout_s: float = 15.0) -> Tool:
             "required": ["code"],
             "additionalProperties": False,
         },
-        _python,
+        functools.partial(_python, timeout_s=timeout_s),
         timeout_s,
+        in_thread=True,  # the sandbox kills the program at timeout_s
     )

@@ -3,7 +3,7 @@
 :func:`run_python` runs one program and returns what it printed. The
 isolation comes from bubblewrap (``bwrap``, Debian's ``bubblewrap`` package;
 a well-kept tool, preferred to hand-made namespace code), and the limits from
-``resource`` in the child before it starts:
+``prlimit`` (util-linux) before it starts:
 
 * **Filesystem:** a fresh root holding only ``/usr`` (read-only), a private
   empty ``/work`` (the program's directory and cwd, deleted afterwards), a
@@ -15,7 +15,8 @@ a well-kept tool, preferred to hand-made namespace code), and the limits from
   when the program ends or is killed, bubblewrap's namespace ends and the
   kernel kills every process left in it. At most ``max_processes`` processes
   (``RLIMIT_NPROC``; the sandbox runs as ``nobody`` when the caller is root,
-  because the kernel does not apply that limit to root).
+  because the kernel does not apply that limit to root; sandboxes running at
+  once share the count).
 * **Resources:** ``timeout_s`` of wall time (then the whole tree is killed),
   ``cpu_s`` of CPU time, ``memory_bytes`` of address space, files of at most
   ``max_file_bytes``; stdout and stderr are each cut at ``max_output_bytes``.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import shutil
 import subprocess
 import tempfile
@@ -60,7 +60,8 @@ class SandboxLimits:
         timeout_s: Wall-clock seconds before the process tree is killed.
         cpu_s: CPU seconds (``RLIMIT_CPU``).
         memory_bytes: Address space (``RLIMIT_AS``).
-        max_processes: Processes and threads of the sandbox's user (``RLIMIT_NPROC``).
+        max_processes: Processes and threads of the sandbox's user (``RLIMIT_NPROC``;
+            concurrent sandboxes run as one user and share it).
         max_file_bytes: Largest file the program may write (``RLIMIT_FSIZE``).
         max_output_bytes: Bytes kept of stdout and of stderr each.
     """
@@ -68,7 +69,7 @@ class SandboxLimits:
     timeout_s: float = 5.0
     cpu_s: int = 5
     memory_bytes: int = 512 << 20
-    max_processes: int = 32
+    max_processes: int = 256
     max_file_bytes: int = 4 << 20
     max_output_bytes: int = 8 << 10
 
@@ -123,20 +124,22 @@ def _bwrap_args(workdir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _limit_child(limits: SandboxLimits) -> None:
-    """Runs in the child between fork and exec: drop root, then set the limits."""
-    if os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(_NOBODY)
-        os.setuid(_NOBODY)
-    for which, value in (
-        (resource.RLIMIT_CPU, limits.cpu_s),
-        (resource.RLIMIT_AS, limits.memory_bytes),
-        (resource.RLIMIT_NPROC, limits.max_processes),
-        (resource.RLIMIT_FSIZE, limits.max_file_bytes),
-        (resource.RLIMIT_CORE, 0),
-    ):
-        resource.setrlimit(which, (value, value))
+def _prlimit_args(limits: SandboxLimits) -> list[str]:
+    """``prlimit`` (util-linux) setting the limits on itself, then exec'ing the sandbox.
+
+    The limits are set by a program rather than by a ``preexec_fn``: tools run
+    on the threads of a tool executor, and Python code between fork and exec
+    is unsafe in a threaded process.
+    """
+    return [
+        "prlimit",
+        f"--cpu={limits.cpu_s}",
+        f"--as={limits.memory_bytes}",
+        f"--nproc={limits.max_processes}",
+        f"--fsize={limits.max_file_bytes}",
+        "--core=0",
+        "--",
+    ]
 
 
 @functools.cache
@@ -146,6 +149,10 @@ def check_sandbox() -> None:
         raise SandboxUnavailable(
             "the code sandbox needs bubblewrap (bwrap), which is not installed: "
             "apt-get install bubblewrap (.ci/system-deps installs it)"
+        )
+    if shutil.which("prlimit") is None:
+        raise SandboxUnavailable(
+            "the code sandbox needs prlimit, which is not installed: apt-get install util-linux"
         )
     if not os.access(PYTHON, os.X_OK):
         raise SandboxUnavailable(
@@ -184,14 +191,17 @@ def _run(code: str, limits: SandboxLimits) -> SandboxResult:
         (workdir / "main.py").write_text(code, encoding="utf-8")
         os.chmod(workdir, 0o777)  # the sandbox's user (nobody under root) writes here
         started = time.monotonic()
+        as_root = os.geteuid() == 0  # then run as nobody: RLIMIT_NPROC does not bind root
         proc = subprocess.Popen(
-            [*_bwrap_args(workdir), PYTHON, "-I", "-S", "/work/main.py"],
+            [*_prlimit_args(limits), *_bwrap_args(workdir), PYTHON, "-I", "-S", "/work/main.py"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            preexec_fn=lambda: _limit_child(limits),
+            user=_NOBODY if as_root else None,
+            group=_NOBODY if as_root else None,
+            extra_groups=[] if as_root else None,
             start_new_session=True,
-            env={},
+            env={"PATH": "/usr/bin:/bin"},
         )
         out, err = _Capped(proc.stdout, limits), _Capped(proc.stderr, limits)
         try:

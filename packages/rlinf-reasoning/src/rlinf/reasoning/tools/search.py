@@ -91,6 +91,7 @@ def search_tool(index_dir: str | Path, top_k: int = 3, timeout_s: float = 10.0) 
         },
         functools.partial(_search, index_dir=str(index), top_k=top_k),
         timeout_s,
+        in_thread=True,  # a quick BM25 lookup
     )
 
 

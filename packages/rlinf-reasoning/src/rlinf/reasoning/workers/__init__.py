@@ -2,6 +2,7 @@
 
 * :class:`RolloutWorker`: wraps a rollout engine; prompt groups in, generated groups out.
 * :class:`RewardWorker`: wraps the math verifier pool; fills in rewards, group by group.
+* :class:`ToolWorker`: runs the tool calls of agentic rollouts (the ``tool`` component).
 * :class:`FSDPActor`: FSDP2 GRPO training, logprob recomputation, bucketed weight sync,
   checkpoints and offload/onload.
 * :class:`MegatronActor`: the same GRPO step on Megatron-core tensor-parallel shards
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from rlinf.reasoning.workers.megatron_actor import MegatronActor
     from rlinf.reasoning.workers.reward import RewardWorker
     from rlinf.reasoning.workers.rollout import RolloutWorker
+    from rlinf.reasoning.workers.tool import ToolWorker
 
 __all__ = [
     "FSDPActor",
@@ -39,6 +41,7 @@ __all__ = [
     "RewardWorker",
     "RolloutWorker",
     "Sample",
+    "ToolWorker",
     "WeightBucket",
     "group_key",
     "load_tokenizer",
@@ -60,6 +63,7 @@ _WHERE = {
     "load_tokenizer": "common",
     "RewardWorker": "reward",
     "RolloutWorker": "rollout",
+    "ToolWorker": "tool",
 }
 
 

@@ -557,7 +557,8 @@ class FSDPActor(Worker):
     def _pack(self, samples: list[Sample]) -> PackedBatch:
         """The samples' prompts and responses packed into one batch on the device."""
         pairs = [(s.prompt_ids, s.response_ids) for s in samples]
-        return pack_samples(pairs, self.pad_token_id).to(self.device)
+        masks = [s.generated_mask for s in samples]
+        return pack_samples(pairs, self.pad_token_id, masks).to(self.device)
 
     def _no_grad_logprobs(self, model: nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
         size = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
@@ -608,9 +609,12 @@ class FSDPActor(Worker):
     # ------------------------------------------------------------------ training
     def _samples(self, result: RolloutResult) -> list[Sample]:
         rewards = result.rewards if result.rewards is not None else [0.0] * result.group_size
+        masks: list[list[bool] | None] = (
+            list(result.generated_masks) if result.generated_masks else [None] * result.group_size
+        )
         out = []
-        for ids, lps, end, reward in zip(
-            result.response_ids, result.rollout_logprobs, result.is_end, rewards, strict=True
+        for ids, lps, end, reward, generated in zip(
+            result.response_ids, result.rollout_logprobs, result.is_end, rewards, masks, strict=True
         ):
             lp = torch.tensor(lps, dtype=torch.float32)
             out.append(
@@ -622,6 +626,7 @@ class FSDPActor(Worker):
                     advantages=torch.zeros(len(ids)),
                     reward=float(reward),
                     is_end=bool(end),
+                    generated_mask=None if generated is None else list(generated),
                 )
             )
         return out
@@ -640,7 +645,10 @@ class FSDPActor(Worker):
         width = max(1, max(s.response_length for s in samples))
         mask = torch.zeros((len(samples), width), dtype=torch.bool)
         for i, s in enumerate(samples):
-            mask[i, : s.response_length] = True
+            if s.generated_mask is None:
+                mask[i, : s.response_length] = True
+            else:  # token-level terms (REINFORCE++ KL) skip observation tokens
+                mask[i, : s.response_length] = torch.as_tensor(s.generated_mask, dtype=torch.bool)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         all_reduce = None
         if self.dp_size > 1:
@@ -981,7 +989,13 @@ class FSDPActor(Worker):
         lengths = [s.response_length for s in samples]
         prompt = [len(s.prompt_ids) for s in samples]
         valid = [a for s in samples for a in s.advantages.tolist()]
+        trajectory: dict[str, float] = {}  # multi-turn: per-trajectory counts, summed
+        for result in results:
+            for stats in result.trajectory_stats or ():
+                for key, value in stats.items():
+                    trajectory[f"traj/{key}"] = trajectory.get(f"traj/{key}", 0.0) + value
         return {
+            **trajectory,
             "count": float(n),
             "reward_sum": float(sum(s.reward for s in samples)),
             "response_length_sum": float(sum(lengths)),

@@ -5,6 +5,11 @@ to ``P`` columns, responses right-padded after them to ``R`` columns, so every
 response starts at column ``P``; the attention mask is 1 on real tokens; the
 response mask ``[B, R]`` is true on generated tokens. Logprobs are aligned with
 ``input_ids[:, P:]`` (see :mod:`rlinf.reasoning.models.logprobs`).
+
+Multi-turn (agent) responses interleave generated tokens with observation
+tokens (tool responses): the observations stay in ``input_ids`` and the
+attention mask (the model reads them) but are false in the response mask, so
+no loss, ratio, KL or entropy term ever touches them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class Sample:
         reward: The response's reward.
         is_end: Whether it ended on a stop token.
         ref_logprobs: ``[L]`` float32 logprobs under the reference weights, when KL is on.
+        generated_mask: ``L`` flags, false on observation tokens (multi-turn
+            responses); None when the model generated every token.
     """
 
     prompt_ids: list[int]
@@ -50,6 +57,7 @@ class Sample:
     reward: float
     is_end: bool
     ref_logprobs: torch.Tensor | None = None
+    generated_mask: list[bool] | None = None
 
     @property
     def response_length(self) -> int:
@@ -84,13 +92,18 @@ class PackedBatch:
 
 
 def pack_samples(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_token_id: int
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_token_id: int,
+    generated_masks: Sequence[Sequence[bool] | None] | None = None,
 ) -> PackedBatch:
     """Pads ``(prompt_ids, response_ids)`` pairs into the actor layout.
 
     Args:
         pairs: At least one pair; responses may be empty (then all-masked).
         pad_token_id: Id written into padding (its value never matters: it is masked).
+        generated_masks: Per pair, one flag per response token (false: an
+            observation token, left out of the response mask), or None for a
+            pair whose tokens were all generated.
 
     Returns:
         The padded batch (``R >= 1`` even if every response is empty).
@@ -112,7 +125,11 @@ def pack_samples(
         mask[row, p - len(prompt) : p + len(resp)] = 1
         if resp:
             ids[row, p : p + len(resp)] = torch.as_tensor(list(resp), dtype=torch.long)
-            rmask[row, : len(resp)] = True
+            generated = None if generated_masks is None else generated_masks[row]
+            if generated is None:
+                rmask[row, : len(resp)] = True
+            else:
+                rmask[row, : len(resp)] = torch.as_tensor(list(generated), dtype=torch.bool)
     return PackedBatch(ids, mask, rmask, p)
 
 
@@ -151,6 +168,7 @@ def response_logprobs(
     pad_token_id: int,
     temperature: float,
     micro_batch_size: int,
+    generated_masks: Sequence[Sequence[bool] | None] | None = None,
 ) -> list[torch.Tensor]:
     """Teacher-forced logprobs of each response under ``model`` (no grad).
 
@@ -159,7 +177,8 @@ def response_logprobs(
     forward, on the model's device.
 
     Returns:
-        One ``[len(response)]`` float32 CPU tensor per pair.
+        One ``[len(response)]`` float32 CPU tensor per pair (0 on observation
+        tokens, as the actor reports them).
     """
     from rlinf.reasoning.models import compute_token_logprobs
 
@@ -168,7 +187,8 @@ def response_logprobs(
     with torch.no_grad():
         for i in range(0, len(pairs), micro_batch_size):
             chunk = pairs[i : i + micro_batch_size]
-            packed = pack_samples(chunk, pad_token_id).to(device)
+            masks = None if generated_masks is None else generated_masks[i : i + micro_batch_size]
+            packed = pack_samples(chunk, pad_token_id, masks).to(device)
             lp = compute_token_logprobs(
                 model,
                 packed.input_ids,

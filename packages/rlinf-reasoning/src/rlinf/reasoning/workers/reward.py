@@ -23,6 +23,7 @@ from typing import Any
 
 from rlinf.core.channel import Channel
 from rlinf.core.protocols.reasoning import RolloutResult
+from rlinf.reasoning.agent.rewards import final_answer_ids, trajectory_penalty
 from rlinf.reasoning.config import ReasoningConfig
 from rlinf.reasoning.reward import MathRewardScorer
 from rlinf.reasoning.workers.common import load_tokenizer, setup_torch_threads
@@ -80,13 +81,22 @@ class RewardWorker(Worker):
     def decode(self, result: RolloutResult) -> list[str]:
         """Decoded responses of a group (special tokens skipped).
 
+        A multi-turn response decodes to its final answer: what the model
+        generated after its last tool answer.
+
         Args:
             result: The group.
 
         Returns:
             One text per response.
         """
-        texts: Any = self.tokenizer.batch_decode(result.response_ids, skip_special_tokens=True)
+        responses = result.response_ids
+        if result.generated_masks is not None:  # multi-turn: grade the final answer only
+            responses = [
+                final_answer_ids(ids, mask)
+                for ids, mask in zip(responses, result.generated_masks, strict=True)
+            ]
+        texts: Any = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return [str(t) for t in texts]
 
     def judge(self, responses: Sequence[str], references: Sequence[Sequence[str]]) -> list[bool]:
@@ -184,6 +194,12 @@ class RewardWorker(Worker):
         with self._score_lock:
             texts = self.decode(result)
             result.rewards = self.score(texts, [result.answers] * len(texts))
+        agent = self.cfg.agent
+        if agent is not None and result.trajectory_stats is not None:
+            result.rewards = [
+                reward + trajectory_penalty(stats, agent.penalties)
+                for reward, stats in zip(result.rewards, result.trajectory_stats, strict=True)
+            ]
         result.response_texts = texts
         return time.perf_counter() - t0
 

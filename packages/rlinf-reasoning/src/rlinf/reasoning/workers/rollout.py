@@ -34,9 +34,12 @@ from rlinf.core.dist import select_device
 from rlinf.core.protocols.reasoning import RolloutRequest, RolloutResult
 from rlinf.core.seeding import derive_seed
 from rlinf.core.weight_sync import WeightBucket, check_complete, receive_weights
+from rlinf.reasoning.agent.executor import ChannelToolExecutor, LocalToolExecutor
+from rlinf.reasoning.agent.loop import AgentLoop, AgentRunStats
 from rlinf.reasoning.config import ReasoningConfig, SamplingConfig
-from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, create_engine
+from rlinf.reasoning.engines import GenerationOutput, RolloutEngine, SamplingParams, create_engine
 from rlinf.reasoning.engines.vllm_engine import vllm_logprobs_mode
+from rlinf.reasoning.tools.factory import build_registry
 from rlinf.reasoning.workers.batch import group_key, response_logprobs
 from rlinf.reasoning.workers.common import load_tokenizer, setup_torch_threads
 from rlinf.sched import Worker
@@ -131,6 +134,8 @@ class RolloutWorker(Worker):
         # Async mode with proximal scoring: the stream's groups since the last load.
         self._unscored: list[RolloutResult] = []
         self._proximal: tuple[Channel, int] | None = None  # (channel, actor ranks)
+        self.agent: AgentLoop | None = None  # multi-turn rollouts (agent section)
+        self.agent_timing: list[AgentRunStats] = []
 
     def init_worker(self) -> dict[str, Any]:
         """Builds the engine on this rank's device.
@@ -162,6 +167,11 @@ class RolloutWorker(Worker):
             device=device,
             **options,
         )
+        self.tokenizer = tokenizer
+        self.agent = None
+        if cfg.agent is not None and not cfg.places_tool_workers:  # tools run in this worker
+            executor = LocalToolExecutor(build_registry(cfg.agent), cfg.agent.tool_concurrency)
+            self.agent = AgentLoop(self.engine, tokenizer, cfg.agent, executor, self.stop_ids)
         self.num_syncs = 0  # a new engine is validated again at its first sync
         if self._offload_enabled:
             self.engine.offload()
@@ -173,6 +183,19 @@ class RolloutWorker(Worker):
         if flag is None:
             return self.collocated and select_device().type != "cpu"
         return flag
+
+    def attach_tool_workers(self, requests: Channel, replies: Channel) -> None:
+        """Sends this rank's tool calls to the tool worker group (``tool`` is placed).
+
+        Args:
+            requests: The tool workers' request channel.
+            replies: Answers, keyed by this rank.
+        """
+        cfg = self.cfg
+        if cfg.agent is None:
+            raise RuntimeError("attach_tool_workers needs an agent section in the config")
+        executor = ChannelToolExecutor(requests, replies, self.rank, cfg.runner.channel_timeout_s)
+        self.agent = AgentLoop(self._engine(), self.tokenizer, cfg.agent, executor, self.stop_ids)
 
     def _engine(self) -> RolloutEngine:
         if self.engine is None:
@@ -254,10 +277,15 @@ class RolloutWorker(Worker):
         scores: dict[tuple[int, int], list[Any]] = {}
         if model is not None and groups:
             pairs = [(r.prompt_ids, ids) for r in groups for ids in r.response_ids]
+            masks = [
+                None if r.generated_masks is None else r.generated_masks[k]
+                for r in groups
+                for k in range(r.group_size)
+            ]
             pad = int(getattr(self._engine(), "pad_token_id", 0) or 0)
             temperature = self.cfg.algorithm.sampling_params.temperature
             micro = self.cfg.actor.logprob_micro_batch_size or self.cfg.actor.micro_batch_size
-            flat = response_logprobs(model, pairs, pad, temperature, micro)
+            flat = response_logprobs(model, pairs, pad, temperature, micro, masks)
             for k, r in enumerate(groups):
                 scores[group_key(r)] = flat[k * r.group_size : (k + 1) * r.group_size]
         message = {"version": version, "groups": scores}
@@ -297,10 +325,60 @@ class RolloutWorker(Worker):
         if any(r.group_size != g for r in requests):
             raise ValueError("requests of one generate call must share group_size")
         params = sampling.to_params(seed=seed, stop_token_ids=self.stop_ids)
+        if self.cfg.agent is not None:
+            return self._generate_trajectories(requests, params)
         with self._engine_lock:  # one weight version for the whole chunk
             outs = engine.generate([r.prompt_ids for r in requests], g, params)
             version = engine.version
         return self._results(requests, outs, version)
+
+    def _generate_trajectories(
+        self, requests: list[RolloutRequest], params: SamplingParams
+    ) -> list[RolloutResult]:
+        """Multi-turn groups with tool calls (``agent`` section), one per request."""
+        if self.agent is None:
+            raise RuntimeError(
+                "the tool group is placed but attach_tool_workers() was not called; "
+                "run through ReasoningRunner, which attaches it in init_workers()"
+            )
+        g = requests[0].group_size
+        with self._engine_lock:  # one weight version for the whole chunk
+            trajectories, timing = self.agent.run([r.prompt_ids for r in requests], g, params)
+            version = self._engine().version
+        self.agent_timing.append(timing)
+        results = []
+        for k, req in enumerate(requests):
+            group = trajectories[k * g : (k + 1) * g]
+            self.generated_tokens += sum(sum(t.generated) for t in group)
+            results.append(
+                RolloutResult(
+                    prompt_ids=list(req.prompt_ids),
+                    answers=list(req.answers),
+                    response_ids=[t.tokens for t in group],
+                    rollout_logprobs=[t.logprobs for t in group],
+                    is_end=[t.is_end for t in group],
+                    version=version,
+                    index=req.index,
+                    step=req.step,
+                    generated_masks=[t.generated for t in group],
+                    trajectory_stats=[t.stats() for t in group],
+                )
+            )
+        return results
+
+    def agent_time_report(self) -> dict[str, float]:
+        """Generation and tool-wait seconds of the agent runs since the last report (then reset).
+
+        Returns:
+            ``{"seconds", "generate_s", "tool_wait_s", "engine_calls"}`` summed over runs.
+        """
+        runs, self.agent_timing = self.agent_timing, []
+        return {
+            "seconds": sum(r.seconds for r in runs),
+            "generate_s": sum(r.generate_s for r in runs),
+            "tool_wait_s": sum(r.tool_wait_s for r in runs),
+            "engine_calls": float(sum(r.engine_calls for r in runs)),
+        }
 
     def _results(
         self, requests: list[RolloutRequest], outs: list[GenerationOutput], version: int
@@ -326,6 +404,12 @@ class RolloutWorker(Worker):
                 )
             )
         return results
+
+    def teardown(self) -> None:
+        """Stops the tool threads of a local tool executor, then releases the worker."""
+        if self.agent is not None:
+            self.agent.executor.close()
+        super().teardown()
 
     def offload(self) -> None:
         """Frees the engine's device memory (a no-op before :meth:`init_worker`)."""
@@ -380,13 +464,21 @@ class RolloutWorker(Worker):
                 last_end = time.time()
                 for result in out:
                     results.put(result, timeout=timeout)
-                    tokens += result.num_tokens
+                    tokens += result.num_generated_tokens
                 done += len(batch)
                 chunk_index += 1
         self._stage_times.append(
             {"step": float(step), "generate_start": first_start, "generate_end": last_end}
         )
-        return {"groups": done, "tokens": tokens, "busy_s": busy, "version": self._engine().version}
+        report = {
+            "groups": done,
+            "tokens": tokens,
+            "busy_s": busy,
+            "version": self._engine().version,
+        }
+        if self.agent is not None:
+            report.update({f"agent_{k}": v for k, v in self.agent_time_report().items()})
+        return report
 
     def generate_stream(
         self,
@@ -450,7 +542,7 @@ class RolloutWorker(Worker):
                     self._unscored.extend(out)
             for result in out:
                 results.put(result, timeout=cfg.runner.channel_timeout_s)
-                tokens += result.num_tokens
+                tokens += result.num_generated_tokens
             done += len(batch)
             chunks += 1
         with self._engine_lock:  # later loads score nothing
