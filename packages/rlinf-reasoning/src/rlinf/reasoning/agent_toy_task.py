@@ -46,7 +46,7 @@ __all__ = [
 
 _SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>")
 _TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
-_CHARS = '0123456789+-*/=()[]{}":,. _abcdefghijklmnopqrstuvwxyz\n'
+_CHARS = "0123456789+-*/=()[]{}\":,.'!? _abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"

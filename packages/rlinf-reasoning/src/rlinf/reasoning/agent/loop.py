@@ -84,7 +84,8 @@ class Trajectory:
         invalid_calls: Malformed calls, unknown tools, wrong arguments.
         tool_errors: Calls that raised or timed out.
         tool_seconds: Summed latency of its calls.
-        calls_per_tool: Calls by tool name (``""`` for malformed ones).
+        calls_per_tool: Calls by tool name (``malformed`` and ``unknown`` for the
+            calls that named no registered tool).
         cut_at_max_turns: It closed a call at its last allowed turn.
         is_end: It ended on end-of-sequence.
         done: It is finished.
@@ -115,7 +116,9 @@ class Trajectory:
     def record(self, result: ToolResult) -> None:
         """Counts one tool answer."""
         self.tool_seconds += result.seconds
-        self.calls_per_tool[result.name] += 1
+        # model-written names of unknown tools stay out of the metric names
+        name = {"malformed": "malformed", "unknown_tool": "unknown"}.get(result.error or "")
+        self.calls_per_tool[name or result.name] += 1
         if result.error in _INVALID:
             self.invalid_calls += 1
         elif result.error is not None:
@@ -131,9 +134,7 @@ class Trajectory:
             "tool_seconds": self.tool_seconds,
             "cut_at_max_turns": float(self.cut_at_max_turns),
         }
-        out.update(
-            {f"calls/{name or 'malformed'}": float(n) for name, n in self.calls_per_tool.items()}
-        )
+        out.update({f"calls/{name}": float(n) for name, n in self.calls_per_tool.items()})
         return out
 
 
