@@ -185,7 +185,7 @@ def make_agent_toy_task(
     num_train: int = 512,
     num_test: int = 128,
     sft_examples: int = 64,
-    sft_steps: int = 150,
+    sft_steps: int = 200,
     seed: int = 0,
 ) -> Path:
     """Writes the data, tokenizer and warm-started model of the task under ``out``.
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-train", type=int, default=512)
     parser.add_argument("--num-test", type=int, default=128)
     parser.add_argument("--sft-examples", type=int, default=64)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     root = make_agent_toy_task(
