@@ -187,6 +187,9 @@ def make_agent_toy_task(
     sft_examples: int = 64,
     sft_steps: int = 200,
     seed: int = 0,
+    hidden_size: int = 96,
+    num_layers: int = 3,
+    sft_batch_size: int = 32,
 ) -> Path:
     """Writes the data, tokenizer and warm-started model of the task under ``out``.
 
@@ -200,6 +203,9 @@ def make_agent_toy_task(
         sft_examples: Training problems the warm start sees.
         sft_steps: Warm-start steps (few: the format, not mastery).
         seed: Seeds data, initialisation and warm start.
+        hidden_size: Model width (the default model has ~0.3 M parameters).
+        num_layers: Decoder layers.
+        sft_batch_size: Trajectories per warm-start step.
 
     Returns:
         ``out`` as a path.
@@ -213,9 +219,11 @@ def make_agent_toy_task(
     model = build_toy_model(
         toy_model_config(
             tokenizer,
-            hidden_size=96,
-            num_layers=3,
-            intermediate_size=256,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=hidden_size * 8 // 3,
             max_position_embeddings=160,
         ),
         seed=seed,
@@ -224,7 +232,15 @@ def make_agent_toy_task(
         if trained:
             tools: list[dict[Any, Any] | Callable[..., Any]] = [_python_schema()]
             problems = [row["problem"] for row in train[:sft_examples]]
-            sft_on_trajectories(model, tokenizer, problems, tools, steps=sft_steps, seed=seed)
+            sft_on_trajectories(
+                model,
+                tokenizer,
+                problems,
+                tools,
+                steps=sft_steps,
+                batch_size=sft_batch_size,
+                seed=seed,
+            )
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     return root
