@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -185,8 +186,21 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     return _run(code, limits or SandboxLimits())
 
 
+def _work_parent() -> str:
+    """Where the program's directory goes: the temp dir, if others may pass through it.
+
+    Under root the sandbox runs as ``nobody``, which must reach its directory;
+    a private ``TMPDIR`` (mode 700) would hide it, so then ``/tmp`` is used.
+    """
+    parent = Path(tempfile.gettempdir()).resolve()
+    for part in (parent, *parent.parents):
+        if not part.stat().st_mode & stat.S_IXOTH:
+            return "/tmp"
+    return str(parent)
+
+
 def _run(code: str, limits: SandboxLimits) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="rlinf-sandbox-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlinf-sandbox-", dir=_work_parent()) as tmp:
         workdir = Path(tmp)
         (workdir / "main.py").write_text(code, encoding="utf-8")
         os.chmod(workdir, 0o777)  # the sandbox's user (nobody under root) writes here
