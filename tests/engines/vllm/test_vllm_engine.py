@@ -347,3 +347,56 @@ def test_offload_is_a_tracked_no_op_on_cpu(engine: VLLMEngine) -> None:
     assert engine.generate(PROMPTS[:1], 1, greedy(8))[0].output_ids == before[0].output_ids
     with pytest.raises(NotImplementedError, match="validate_weight_first_sync"):
         engine.weights_max_abs_diff([])
+
+
+def test_multi_turn_trajectories_agree_with_the_actors_recomputation(tmp_path: Path) -> None:
+    """The agent loop on vLLM: the python tool's answers are observations (masked, logprob
+    0), and the actor's teacher-forced logprobs over the whole trajectory equal vLLM's on
+    every generated token (the same bound as single-turn samples)."""
+    from rlinf.reasoning.agent.config import AgentConfig
+    from rlinf.reasoning.agent.executor import LocalToolExecutor
+    from rlinf.reasoning.agent.loop import AgentLoop
+    from rlinf.reasoning.agent_toy_task import make_agent_toy_task
+    from rlinf.reasoning.tools.factory import build_registry
+    from rlinf.reasoning.toy_task import read_jsonl
+    from rlinf.reasoning.workers.batch import response_logprobs
+    from transformers import AutoTokenizer
+
+    # 4 heads of 32 dims: vLLM's CPU attention has no kernel for narrower heads
+    task = make_agent_toy_task(tmp_path / "agent", num_train=64, num_test=16, hidden_size=128)
+    tokenizer = AutoTokenizer.from_pretrained(task / "warmstart")
+    vllm = create_engine("vllm", model_path=task / "warmstart", dtype="float32", max_model_len=160)
+    cfg = AgentConfig(tools=["python"], max_turns=3, max_response_tokens=112)
+    registry = build_registry(cfg)
+    executor = LocalToolExecutor(registry, 8)
+    loop = AgentLoop(vllm, tokenizer, cfg, executor, [tokenizer.eos_token_id])
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": row["problem"]}],
+                tools=registry.schemas(),
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for row in read_jsonl(task / "test.jsonl")[:8]
+    ]
+    try:
+        trajectories, _ = loop.run(prompts, 2, SamplingParams(max_new_tokens=80, seed=5))
+    finally:
+        executor.close()
+    assert any(not all(t.generated) for t in trajectories), "the warm start calls the tool"
+    hf = HFEngine(task / "warmstart", dtype="float32", device="cpu")
+    recomputed = response_logprobs(
+        hf.model,
+        [(t.prompt_ids, t.tokens) for t in trajectories],
+        0,
+        1.0,
+        8,
+        [t.generated for t in trajectories],
+    )
+    worst = 0.0
+    for t, lp in zip(trajectories, recomputed, strict=True):
+        assert all(x == 0.0 for x, g in zip(t.logprobs, t.generated, strict=True) if not g)
+        worst = max(worst, float((torch.tensor(t.logprobs) - lp).abs().max()))
+    assert worst <= 1e-4, worst

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from rlinf.reasoning.agent.config import AgentConfig
 from rlinf.reasoning.tools.parsing import MalformedCall, ToolCall, parse_tool_calls
 from rlinf.reasoning.tools.registry import Tool, ToolRegistry, python_tool
-from rlinf.reasoning.tools.search import search_tool
 
 __all__ = ["CallParser", "build_registry", "load_parser"]
 
@@ -46,6 +45,8 @@ def build_registry(cfg: AgentConfig) -> ToolRegistry:
                     "with python -m rlinf.reasoning.tools.search --corpus FILE --out DIR and "
                     "set agent.search_corpus: DIR"
                 )
+            from rlinf.reasoning.tools.search import search_tool  # bm25s: only when used
+
             tool = search_tool(cfg.search_corpus, timeout_s=cfg.tool_timeout_s)
         else:
             factory = _import(name, "agent.tools")
