@@ -353,6 +353,8 @@ def test_multi_turn_trajectories_agree_with_the_actors_recomputation(tmp_path: P
     """The agent loop on vLLM: the python tool's answers are observations (masked, logprob
     0), and the actor's teacher-forced logprobs over the whole trajectory equal vLLM's on
     every generated token (the same bound as single-turn samples)."""
+    from transformers import AutoTokenizer
+
     from rlinf.reasoning.agent.config import AgentConfig
     from rlinf.reasoning.agent.executor import LocalToolExecutor
     from rlinf.reasoning.agent.loop import AgentLoop
@@ -360,7 +362,6 @@ def test_multi_turn_trajectories_agree_with_the_actors_recomputation(tmp_path: P
     from rlinf.reasoning.tools.factory import build_registry
     from rlinf.reasoning.toy_task import read_jsonl
     from rlinf.reasoning.workers.batch import response_logprobs
-    from transformers import AutoTokenizer
 
     # 4 heads of 32 dims: vLLM's CPU attention has no kernel for narrower heads
     task = make_agent_toy_task(tmp_path / "agent", num_train=64, num_test=16, hidden_size=128)
