@@ -319,3 +319,33 @@ def test_a_tokenizer_without_the_call_tag_is_refused(task: Path) -> None:
     cfg = AgentConfig(tools=["python"])
     with pytest.raises(ValueError, match="</tool_call>"):
         AgentLoop(None, plain, cfg, LocalToolExecutor(ToolRegistry(), 1), [2])  # type: ignore[arg-type]
+
+
+def test_a_search_call_mid_answer_reads_the_corpus(tokenizer: Any, tmp_path: Path) -> None:
+    """Search-R1's shape: the model searches, reads the passage, then answers."""
+    from rlinf.reasoning.tools.search import build_search_index
+
+    corpus = [
+        {"title": "zorbia", "text": "the capital of zorbia is quellmont"},
+        {"title": "amber", "text": "the amber sea freezes in deep winter"},
+    ]
+    index = build_search_index(corpus, tmp_path / "index")
+    cfg = AgentConfig(tools=["search"], search_corpus=index, max_turns=3, max_response_tokens=400)
+    registry = build_registry(cfg)
+    assert registry.names == ["search"]
+    eos = tokenizer.eos_token_id
+    prompt = tokenizer("q=", add_special_tokens=False)["input_ids"]
+    script = [_call("search", {"query": "zorbia"}), "quellmont"]  # one word: no spaces in toy ids
+    engine = ScriptedEngine(tokenizer, {prompt[0]: script}, eos)
+    executor = LocalToolExecutor(registry, 2)
+    loop = AgentLoop(engine, tokenizer, cfg, executor, [eos])  # type: ignore[arg-type]
+    try:
+        (trajectory,), _ = loop.run([prompt], 1, SamplingParams(max_new_tokens=100))
+    finally:
+        executor.close()
+    assert "quellmont" in _observation(tokenizer, trajectory).replace(" ", "")
+    assert trajectory.stats()["calls/search"] == 1.0 and trajectory.is_end
+    answer = tokenizer.decode(final_answer_ids(trajectory.tokens, trajectory.generated))
+    assert answer.replace("<eos>", "") == "quellmont"
+    with pytest.raises(ValueError, match=r"agent\.search_corpus is null"):
+        build_registry(AgentConfig(tools=["search"]))
