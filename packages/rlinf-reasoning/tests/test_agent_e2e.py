@@ -141,7 +141,7 @@ def _eval_accuracies(history: list[dict[str, float]]) -> list[float]:
 def test_grpo_with_tools_learns_and_beats_grpo_without_tools(
     cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The example's recipe for 20 steps: accuracy rises 15+ points over the warm start
+    """The example's recipe for 12 steps: accuracy rises 15+ points over the warm start
     with the python tool, and ends 10+ points above the same budget without tools."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -151,9 +151,9 @@ def test_grpo_with_tools_learns_and_beats_grpo_without_tools(
         torch.set_num_threads(threads)
     logs = tmp_path_factory.mktemp("logs")
     budget = [
-        "runner.max_steps=20",
+        "runner.max_steps=12",
         "runner.val_before_train=true",
-        "runner.val_check_interval=10",
+        "runner.val_check_interval=12",
         "runner.val_max_prompts=64",
     ]
     common = [
@@ -184,6 +184,6 @@ def test_grpo_with_tools_learns_and_beats_grpo_without_tools(
     tools = _eval_accuracies(_train(with_tools, cluster, "learn_tools")["history"])
     plain = _eval_accuracies(_train(without_tools, cluster, "learn_plain")["history"])
     print(f"\neval accuracy with tools {tools}, without tools {plain}")
-    assert len(tools) == len(plain) == 3
+    assert len(tools) == len(plain) == 2
     assert tools[-1] >= tools[0] + 0.15, tools
     assert tools[-1] >= plain[-1] + 0.10, (tools, plain)
