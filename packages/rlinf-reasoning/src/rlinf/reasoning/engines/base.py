@@ -251,8 +251,13 @@ class LibEngine:
         )
 
     def __repr__(self) -> str:
-        extra = "".join(f"{name}={getattr(self, name)!r}, " for name in self._repr_fields)
+        # getattr with a default: a traceback of a failed start shows an engine half built
+        def field(name: str) -> str:
+            return repr(getattr(self, name, "<unset>"))
+
+        extra = "".join(f"{name}={field(name)}, " for name in self._repr_fields)
         return (
-            f"{type(self).__name__}(model_path={str(self.model_path)!r}, dtype={self.dtype}, "
-            f"{extra}version={self.version}, offloaded={self._offloaded})"
+            f"{type(self).__name__}(model_path={str(getattr(self, 'model_path', '<unset>'))!r}, "
+            f"dtype={getattr(self, 'dtype', '<unset>')}, {extra}version={field('version')}, "
+            f"offloaded={field('_offloaded')})"
         )
