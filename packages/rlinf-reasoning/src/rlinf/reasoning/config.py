@@ -565,13 +565,17 @@ class ReasoningConfig(RLinfModel):
         return any("tool" in spec.names for spec in specs)
 
     @model_validator(mode="after")
-    def _check(self) -> ReasoningConfig:
-        alg, data, runner, actor = self.algorithm, self.data, self.runner, self.actor
+    def _check_tool_placement(self) -> ReasoningConfig:
         if self.agent is None and self.places_tool_workers:
             raise ValueError(
                 "cluster.component_placement places tool workers but there is no agent "
                 "section; add agent: {tools: [python]} or remove tool from the placement"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningConfig:
+        alg, data, runner, actor = self.algorithm, self.data, self.runner, self.actor
         g, n = alg.group_size, alg.rollout_batch_size
         if alg.adv_type == "grpo" and g < 2:
             raise ValueError(
