@@ -29,10 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from rlinf.reasoning.toy_task import build_toy_model, toy_model_config, write_jsonl
+from rlinf.reasoning.toy_task import (
+    build_toy_model,
+    char_level_tokenizer,
+    toy_model_config,
+    write_jsonl,
+)
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -44,7 +48,6 @@ __all__ = [
     "trajectory_of",
 ]
 
-_SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>")
 _TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 _CHARS = "0123456789+-*/=()[]{}\":,.'!? _abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
 
@@ -61,19 +64,7 @@ CHAT_TEMPLATE = (
 
 def build_agent_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer with the tool tags as single tokens and :data:`CHAT_TEMPLATE`."""
-    vocab = {tok: i for i, tok in enumerate([*_SPECIAL, *_TOOL_TOKENS, *_CHARS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    fast_cls: Any = PreTrainedTokenizerFast
-    tokenizer: PreTrainedTokenizerFast = fast_cls(
-        tokenizer_object=backend,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
+    tokenizer = char_level_tokenizer([*_TOOL_TOKENS, *_CHARS], prepend_bos=False)
     tokenizer.add_tokens(list(_TOOL_TOKENS))  # matched whole, before the character split
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

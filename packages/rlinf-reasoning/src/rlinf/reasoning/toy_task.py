@@ -48,6 +48,7 @@ __all__ = [
     "ToyTaskResult",
     "build_tokenizer",
     "build_toy_model",
+    "char_level_tokenizer",
     "evaluate_accuracy",
     "extract_answer",
     "is_correct",
@@ -192,14 +193,28 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     Returns:
         The tokenizer, ready for ``save_pretrained``.
     """
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *VOCAB_CHARS])}
+    return char_level_tokenizer(VOCAB_CHARS, prepend_bos=True)
+
+
+def char_level_tokenizer(chars: Sequence[str], *, prepend_bos: bool) -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per entry of ``chars`` after :data:`SPECIAL_TOKENS`.
+
+    Args:
+        chars: The ordinary tokens (single characters, split one per token).
+        prepend_bos: ``encode`` prepends ``<bos>`` (off when a chat template writes it).
+
+    Returns:
+        The tokenizer (left padding), ready for ``save_pretrained``.
+    """
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    bos_id = vocab["<bos>"]
-    backend.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos_id)]
-    )
+    if prepend_bos:
+        bos_id = vocab["<bos>"]
+        backend.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos_id)]
+        )
     fast_cls: Any = PreTrainedTokenizerFast  # untyped constructor in transformers' stubs
     tokenizer: PreTrainedTokenizerFast = fast_cls(
         tokenizer_object=backend,

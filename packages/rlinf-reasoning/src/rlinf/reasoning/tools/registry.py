@@ -155,18 +155,19 @@ class ToolRegistry:
         return _run(tool, call.arguments)
 
 
+def _raised(tool: Tool, exc: BaseException, started: float) -> ToolResult:
+    """The tool's own failure, reported to the model."""
+    message = f"Error: {tool.name} raised {type(exc).__name__}: {exc}"
+    return ToolResult(tool.name, message, "raised", time.monotonic() - started)
+
+
 def _run_here(tool: Tool, arguments: dict[str, Any]) -> ToolResult:
     """Runs ``tool`` in this thread (it bounds its own time)."""
     started = time.monotonic()
     try:
         content = tool.fn(**arguments)
-    except Exception as exc:  # the tool's own failure, reported to the model
-        return ToolResult(
-            tool.name,
-            f"Error: {tool.name} raised {type(exc).__name__}: {exc}",
-            "raised",
-            time.monotonic() - started,
-        )
+    except Exception as exc:
+        return _raised(tool, exc, started)
     return ToolResult(tool.name, str(content), None, time.monotonic() - started)
 
 
@@ -184,13 +185,8 @@ def _run(tool: Tool, arguments: dict[str, Any]) -> ToolResult:
                 "timeout",
                 time.monotonic() - started,
             )
-        except Exception as exc:  # the tool's own failure, reported to the model
-            return ToolResult(
-                tool.name,
-                f"Error: {tool.name} raised {type(exc).__name__}: {exc}",
-                "raised",
-                time.monotonic() - started,
-            )
+        except Exception as exc:
+            return _raised(tool, exc, started)
     return ToolResult(tool.name, str(content), None, time.monotonic() - started)
 
 
